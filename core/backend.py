@@ -1,0 +1,132 @@
+"""The backend contract: what a hardware plugin supplies to the engine core.
+
+A backend is registered under the entry-point group `switchyard.backends` and
+found with stevedore (see plugins.py). Nothing here imports vendor code.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    usable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    dtypes: tuple[str, ...]
+    block_sizes: tuple[int, ...]
+    mixed_prefill_decode: bool = True
+    prefix_caching: bool = True
+    graph_mode: bool = False
+    static_shapes: bool = False
+    attention_impl: str = ""  # which kernel and why, printed by `switchyard backends`
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    scale: float
+    dtype: torch.dtype = torch.float32
+    sliding_window: int | None = None  # attend to at most this many most recent keys
+    soft_cap: float | None = None  # logits -> soft_cap * tanh(logits / soft_cap)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step layout of the flat token batch (no padding between requests).
+
+    Requests are ordered decodes first (query length 1), then prompt chunks.
+    """
+
+    query_start_loc: torch.Tensor  # [B + 1] int32: where each request's tokens start
+    seq_lens: torch.Tensor  # [B] int32: context length after this step's tokens
+    block_table: torch.Tensor  # [B, max_blocks] int32, padded with 0 (reserved block)
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
+    num_decodes: int  # the first num_decodes requests have exactly one query token
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: tuple[int, ...]
+    seq_lens_cpu: tuple[int, ...]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+class AttentionKernel(ABC):
+    """Paged attention for one layer shape. KV cache layout, per layer:
+    [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values)."""
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+
+    @abstractmethod
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        """Scatter new keys/values [T, num_kv_heads, head_dim] into their slots."""
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Causal attention of query [T, num_heads, head_dim] over each request's
+        cached prefix plus its new tokens; returns [T, num_heads, head_dim]."""
+
+
+class Communicator(Protocol):
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
+
+
+class ShardLauncher(Protocol):
+    def launch(self, world_size: int, target, args: tuple) -> None:
+        """Start one process per device running target(rank, world_size, *args); join them."""
+
+
+class Backend(ABC):
+    """One hardware family. Subclasses set `name` and `priority` (higher wins when
+    several are usable and none was asked for)."""
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 0
+
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> ProbeResult:
+        """Cheap, no device context, never raises."""
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    def init_device(self) -> None:
+        """Create the device context (and the process group when sharded)."""
+
+    @abstractmethod
+    def available_memory_bytes(self) -> int:
+        """Memory the KV cache may be sized from, measured after weights are loaded."""
+
+    @abstractmethod
+    def attention(self, spec: AttentionSpec) -> AttentionKernel: ...
+
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
+        shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        return [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(num_layers)]
+
+    def communicator(self) -> Communicator | None:
+        return None
+
+    def shard_launcher(self) -> ShardLauncher | None:
+        return None

@@ -1,0 +1,52 @@
+"""Frozen configuration passed from the CLI (or the offline API) into the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What to load. `model` is None for the default model, a local HF directory,
+    a .gguf file, or a name in the local Hugging Face cache."""
+
+    model: str | None = None
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
+    load_format: str = "auto"  # "auto" | "safetensors" | "gguf" | "dummy"
+    revision: str | None = None
+    seed: int = 0  # seed of dummy weights
+    max_model_len: int | None = None  # None = the model's own context length
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # KV capacity in blocks; None = sized at warm-up from available memory.
+    num_blocks: int | None = None
+    # Fraction of the memory left after loading weights that the KV cache may take.
+    memory_fraction: float = 0.3
+    # Upper bound of blocks when sizing automatically (keeps a CPU process polite).
+    max_auto_blocks: int = 16384
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # Token budget of one step (prompt chunks + decodes): TGI --max-batch-prefill-tokens.
+    max_num_batched_tokens: int = 2048
+    # Most requests running at once: TGI --max-batch-size.
+    max_num_seqs: int = 256
+    # Backends that cannot mix prefill and decode in one step set this False.
+    mixed_prefill_decode: bool = True
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    backend: str | None = None  # None = the best usable backend

@@ -1,0 +1,44 @@
+"""Plain-torch reference attention: the oracle every backend kernel is tested against."""
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat[0, slot_mapping] = key.to(kv_cache.dtype)
+    flat[1, slot_mapping] = value.to(kv_cache.dtype)
+
+
+def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: list[int],
+                              seq_lens: list[int], block_table: torch.Tensor, scale: float,
+                              sliding_window: int | None = None,
+                              soft_cap: float | None = None) -> torch.Tensor:
+    """query [T, H, D]; one request at a time, in float32, straight from the definition."""
+    num_heads = query.shape[1]
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    out = torch.empty_like(query)
+    for i, seq_len in enumerate(seq_lens):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        q = query[start:end].float()  # [q_len, H, D]
+        num_blocks = -(-seq_len // block_size)
+        blocks = block_table[i, :num_blocks].long()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:seq_len].float()
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:seq_len].float()
+        group = num_heads // num_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if soft_cap is not None:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        q_pos = torch.arange(seq_len - (end - start), seq_len).unsqueeze(1)
+        k_pos = torch.arange(seq_len).unsqueeze(0)
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= k_pos > q_pos - sliding_window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out
