@@ -42,3 +42,19 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, query
         probs = torch.softmax(scores, dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out
+
+
+class ReferenceAttentionKernel:
+    """The reference ops behind the AttentionKernel interface (slow; for tests and
+    for backends that want correctness before speed)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def write_kv(self, key, value, kv_cache, meta) -> None:
+        write_kv_reference(key, value, kv_cache, meta.slot_mapping)
+
+    def forward(self, query, kv_cache, meta):
+        return paged_attention_reference(query, kv_cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
+                                         meta.block_table, self.spec.scale, self.spec.sliding_window,
+                                         self.spec.soft_cap)
