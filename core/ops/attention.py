@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ..backend import AttentionKernel
+
 
 def write_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:
@@ -44,12 +46,9 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, query
     return out
 
 
-class ReferenceAttentionKernel:
+class ReferenceAttentionKernel(AttentionKernel):
     """The reference ops behind the AttentionKernel interface (slow; for tests and
     for backends that want correctness before speed)."""
-
-    def __init__(self, spec):
-        self.spec = spec
 
     def write_kv(self, key, value, kv_cache, meta) -> None:
         write_kv_reference(key, value, kv_cache, meta.slot_mapping)
