@@ -78,3 +78,16 @@ class RequestOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    logprobs: tuple[float, ...] | None = None  # of each new token
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    """What the engine core produced for one request in one step (token level)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None

@@ -1,0 +1,108 @@
+"""EngineCore: one step = schedule -> run -> sample -> update."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .backend import Backend
+from .config import CacheConfig, EngineConfig
+from .kv import BlockPool, KVCacheManager
+from .loader import LoadedModel, load_model
+from .plugins import select_backend
+from .request import EngineCoreOutput, FinishReason, Request
+from .runner import ModelRunner
+from .sampling import Sampler, SampleRow, make_generator
+from .scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    backend: str
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def max_batch_total_tokens(self) -> int:
+        return (self.num_kv_blocks - 1) * self.block_size
+
+
+def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend) -> int:
+    """KV capacity in blocks: the configured count, else what the free memory allows."""
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    spec = loaded.attention_spec
+    bytes_per_block = (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
+                       * torch.empty((), dtype=spec.dtype).element_size())
+    budget = int(backend.available_memory_bytes() * cache.memory_fraction)
+    return max(2, min(cache.max_auto_blocks, budget // bytes_per_block))
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, backend: Backend | None = None):
+        self.config = config
+        self.backend = backend or select_backend(config.backend)
+        self.backend.init_device()
+        block_size = config.cache.block_size
+        self.loaded = load_model(config.model, self.backend, block_size)
+        num_blocks = num_kv_blocks_for(config.cache, self.loaded, self.backend)
+        kv_caches = self.backend.allocate_kv_cache(self.loaded.num_layers, num_blocks, self.loaded.attention_spec)
+        self.runner = ModelRunner(self.loaded.model, self.backend, kv_caches, block_size)
+        self.scheduler = Scheduler(config.scheduler, KVCacheManager(BlockPool(num_blocks), block_size))
+        self.sampler = Sampler()
+        self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
+                               self.loaded.eos_token_ids)
+        self._generators: dict[str, torch.Generator] = {}
+        logger.info("engine ready: backend=%s kv_blocks=%d (%d tokens)", self.backend.name, num_blocks,
+                    self.info.max_batch_total_tokens)
+
+    def add_request(self, request: Request) -> None:
+        """Validates against the engine's limits (raises ValidationError) and queues."""
+        request.max_model_len = min(request.max_model_len, self.info.max_model_len)
+        if not request.eos_token_ids:
+            request.eos_token_ids = self.info.eos_token_ids
+        self.scheduler.add_request(request)
+        if not request.sampling_params.greedy:
+            self._generators[request.request_id] = make_generator(request.sampling_params.seed,
+                                                                  self.backend.device)
+
+    def finish_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        self.scheduler.finish_request(request_id, reason)
+        self._generators.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        logits, request_ids = self.runner.execute(scheduler_output)
+        if not request_ids:
+            self.scheduler.update(scheduler_output, {})
+            return []
+        requests = [self.scheduler.get_request(rid) for rid in request_ids]
+        sampled = self.sampler(logits, [self._sample_row(r) for r in requests])
+        finished = self.scheduler.update(scheduler_output, dict(zip(request_ids, sampled.token_ids)))
+        reasons = {r.request_id: r.finish_reason for r in finished}
+        for rid in reasons:
+            self._generators.pop(rid, None)
+        return [
+            EngineCoreOutput(rid, (token,), reasons.get(rid),
+                             sampled.logprobs[i] if sampled.logprobs else None,
+                             tuple(sampled.top_logprobs[i]) if sampled.top_logprobs else None)
+            for i, (rid, token) in enumerate(zip(request_ids, sampled.token_ids))
+        ]
+
+    def _sample_row(self, request: Request) -> SampleRow:
+        params = request.sampling_params
+        banned: tuple[int, ...] = ()
+        if len(request.output_token_ids) < params.min_tokens:
+            banned = params.stop_token_ids + (() if params.ignore_eos else request.eos_token_ids)
+        return SampleRow(request.request_id, params, self._generators.get(request.request_id),
+                         request.prompt_token_ids, request.output_token_ids, banned)

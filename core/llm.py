@@ -1,0 +1,114 @@
+"""The offline Python API, shaped like vLLM's `LLM`."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from .config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from .engine import EngineCore
+from .loader import load_tokenizer
+from .output_processor import OutputProcessor
+from .params import SamplingParams, ValidationError
+from .request import FinishReason, Request
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" | "length" (OpenAI's words)
+    stop_reason: str | int | None  # the stop string or stop token id that ended it, if any
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+
+class LLM:
+    """`LLM(model=None, backend=None)`: None = the default model / the best usable backend."""
+
+    def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
+                 load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
+                 num_kv_blocks: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, seed: int = 0):
+        self.config = EngineConfig(
+            model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
+                              max_model_len=max_model_len),
+            cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks),
+            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
+            backend=backend,
+        )
+        self.engine = EngineCore(self.config)
+        self.tokenizer = load_tokenizer(self.config.model)
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        token_lists = [list(p) if not isinstance(p, str) else self.tokenizer.encode(p) for p in prompts]
+        texts = [p if isinstance(p, str) else None for p in prompts]
+        return self._run(texts, token_lists, params)
+
+    def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | list[SamplingParams] | None = None,
+             add_generation_prompt: bool = True) -> list[GenerationResult]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False)
+                 for c in conversations]
+        token_lists = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return self._run(texts, token_lists, params)
+
+    def _run(self, texts: list[str | None], token_lists: list[list[int]],
+             params: SamplingParams | list[SamplingParams] | None) -> list[GenerationResult]:
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(token_lists)
+        if len(params_list) != len(token_lists):
+            raise ValidationError("one SamplingParams per prompt, or a single one", "params")
+        processor = OutputProcessor(self.tokenizer, self.engine.finish_request)
+        children: dict[str, tuple[int, int]] = {}  # request id -> (prompt index, sample index)
+        for i, (ids, p) in enumerate(zip(token_lists, params_list)):
+            if not ids:
+                raise ValidationError("prompt must not be empty", "prompt")
+            for j in range(p.n):
+                child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
+                request = Request(f"offline-{next(self._ids)}", ids, child)
+                self.engine.add_request(request)
+                processor.add_request(request)
+                children[request.request_id] = (i, j)
+        collected = {rid: {"text": [], "ids": [], "reason": None} for rid in children}
+        while self.engine.has_unfinished_requests():
+            for out in processor.process(self.engine.step()):
+                entry = collected[out.request_id]
+                entry["text"].append(out.new_text)
+                entry["ids"].extend(out.new_token_ids)
+                if out.finished:
+                    entry["reason"] = out.finish_reason
+        return self._assemble(texts, token_lists, params_list, children, collected)
+
+    @staticmethod
+    def _assemble(texts, token_lists, params_list, children, collected) -> list[GenerationResult]:
+        outputs: list[list[CompletionOutput | None]] = [[None] * p.n for p in params_list]
+        for rid, (i, j) in children.items():
+            entry = collected[rid]
+            reason: FinishReason = entry["reason"]
+            stop_reason = None
+            if reason is FinishReason.STOP_TOKEN:
+                stop_reason = entry["ids"][-1]
+            outputs[i][j] = CompletionOutput(j, "".join(entry["text"]), tuple(entry["ids"]),
+                                             reason.openai, stop_reason)
+        return [GenerationResult(texts[i], tuple(token_lists[i]), tuple(outs)) for i, outs in enumerate(outputs)]

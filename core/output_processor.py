@@ -1,0 +1,55 @@
+"""Turns token-level engine outputs into text deltas; applies stop strings."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .request import EngineCoreOutput, FinishReason, Request, RequestOutput
+from .tokenizer import IncrementalDetokenizer
+
+
+class _RequestState:
+    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer):
+        self.request = request
+        self.detokenizer = detokenizer
+        self.num_output_tokens = 0
+
+
+class OutputProcessor:
+    """One per engine client. `finish` is called with (request_id, reason) when a
+    stop string ends a request, so the engine frees it before its next step."""
+
+    def __init__(self, tokenizer, finish: Callable[[str, FinishReason], None]):
+        self._tokenizer = tokenizer
+        self._finish = finish
+        self._states: dict[str, _RequestState] = {}
+
+    def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        detokenizer = IncrementalDetokenizer(self._tokenizer, request.prompt_token_ids, params.skip_special_tokens,
+                                             params.stop, params.include_stop_str_in_output)
+        self._states[request.request_id] = _RequestState(request, detokenizer)
+
+    def remove_request(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def process(self, outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
+        results = []
+        for out in outputs:
+            state = self._states.get(out.request_id)
+            if state is None:  # aborted while its step ran
+                continue
+            finish_reason = out.finish_reason
+            text = state.detokenizer.update(out.new_token_ids, finished=finish_reason is not None)
+            if finish_reason is None and state.detokenizer.stop_string_hit is not None:
+                finish_reason = FinishReason.STOP_STRING
+                self._finish(out.request_id, finish_reason)
+            state.num_output_tokens += len(out.new_token_ids)
+            if finish_reason is not None:
+                del self._states[out.request_id]
+            results.append(RequestOutput(
+                request_id=out.request_id, new_token_ids=out.new_token_ids, new_text=text,
+                finished=finish_reason is not None, finish_reason=finish_reason,
+                num_prompt_tokens=state.request.num_prompt_tokens, num_output_tokens=state.num_output_tokens,
+                logprobs=None if out.logprob is None else (out.logprob,),
+                top_logprobs=None if out.top_logprobs is None else (out.top_logprobs,)))
+        return results

@@ -1,0 +1,94 @@
+"""Flattens one step into a ragged token batch, runs the model, returns logits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .backend import AttentionMetadata, Backend
+from .scheduler_output import ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepInput:
+    input_ids: torch.Tensor  # [T] int64, every scheduled token, request after request
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [S] int64: last token of each request that samples
+    sampling_request_ids: tuple[str, ...]  # the S requests, in the order of the logits rows
+
+
+def order_for_attention(scheduled: tuple[ScheduledRequest, ...]) -> list[ScheduledRequest]:
+    """Decodes (one query token) first, as AttentionMetadata promises the kernels."""
+    decodes = [s for s in scheduled if len(s.token_ids) == 1]
+    if len(decodes) == len(scheduled):
+        return list(scheduled)
+    return decodes + [s for s in scheduled if len(s.token_ids) != 1]
+
+
+def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device) -> StepInput:
+    ordered = order_for_attention(scheduler_output.scheduled)
+    input_ids: list[int] = []
+    positions: list[int] = []
+    query_start_loc = [0]
+    seq_lens: list[int] = []
+    logits_indices: list[int] = []
+    sampling_ids: list[str] = []
+    num_decodes = 0
+    for s in ordered:
+        n = len(s.token_ids)
+        num_decodes += n == 1
+        input_ids.extend(s.token_ids)
+        positions.extend(range(s.num_computed_tokens, s.num_computed_tokens + n))
+        query_start_loc.append(query_start_loc[-1] + n)
+        seq_lens.append(s.num_computed_tokens + n)
+        if s.samples:
+            logits_indices.append(query_start_loc[-1] - 1)
+            sampling_ids.append(s.request_id)
+    max_blocks = max(-(-length // block_size) for length in seq_lens)
+    table = [list(s.block_ids[:max_blocks]) + [0] * (max_blocks - min(len(s.block_ids), max_blocks))
+             for s in ordered]
+    block_table = torch.tensor(table, dtype=torch.int32)
+    positions_t = torch.tensor(positions, dtype=torch.int64)
+    request_of_token = torch.repeat_interleave(
+        torch.arange(len(ordered)), torch.tensor([len(s.token_ids) for s in ordered]))
+    slot_mapping = (block_table[request_of_token, positions_t // block_size].long() * block_size
+                    + positions_t % block_size)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_table=block_table.to(device),
+        slot_mapping=slot_mapping.to(device),
+        num_decodes=num_decodes,
+        max_query_len=max(len(s.token_ids) for s in ordered),
+        max_seq_len=max(seq_lens),
+        query_start_loc_cpu=tuple(query_start_loc),
+        seq_lens_cpu=tuple(seq_lens),
+    )
+    return StepInput(
+        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+        positions=positions_t.to(device),
+        meta=meta,
+        logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+        sampling_request_ids=tuple(sampling_ids),
+    )
+
+
+class ModelRunner:
+    """Owns the model and its paged KV cache on the backend's device."""
+
+    def __init__(self, model: torch.nn.Module, backend: Backend, kv_caches: list[torch.Tensor], block_size: int):
+        self.model = model
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """Returns float32 logits [S, vocab] of the requests that sample, and their ids."""
+        step = build_step_input(scheduler_output, self.block_size, self.backend.device)
+        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        if not step.sampling_request_ids:
+            return hidden.new_empty((0, 0), dtype=torch.float32), ()
+        logits = self.model.compute_logits(hidden[step.logits_indices])
+        return logits, step.sampling_request_ids

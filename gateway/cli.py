@@ -1,0 +1,82 @@
+"""`switchyard` command line: flags become an EngineConfig; nothing reads the
+environment at import time."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-id", "--model", dest="model", default=None,
+                        help="local HF model directory, .gguf file or HF cache name (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--backend", default=None, help="backend plugin name (default: best usable)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV capacity in blocks (default: sized at warm-up)")
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from switchyard.core.plugins import discover_backends
+
+    for report in discover_backends():
+        state = "usable" if report.usable else "not usable"
+        line = f"{report.name:<8} priority={report.priority:<4} {state}: {report.reason}"
+        if report.usable and report.attention_impl:
+            line += f" [attention: {report.attention_impl}]"
+        print(line)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from switchyard.core import LLM, SamplingParams
+
+    llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, load_format=args.load_format,
+              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop or ()),
+                            ignore_eos=args.ignore_eos)
+    if args.chat:
+        results = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+    else:
+        results = llm.generate(list(args.prompts), params)
+    for result in results:
+        print(result.text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchyard", description="Switchyard LLM serving engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    backends = commands.add_parser("backends", help="list discovered backends, whether usable and why")
+    backends.set_defaults(run=_cmd_backends)
+    generate = commands.add_parser("generate", help="generate text offline")
+    generate.add_argument("prompts", nargs="+")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--stop", action="append")
+    generate.add_argument("--ignore-eos", action="store_true")
+    _add_engine_flags(generate)
+    generate.set_defaults(run=_cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except Exception as exc:  # noqa: BLE001 - a CLI prints errors, it does not dump tracebacks on users
+        from switchyard.core.params import ValidationError
+
+        if isinstance(exc, ValidationError) or type(exc).__name__ in ("BackendError", "ModelNotFoundError"):
+            print(f"switchyard: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
