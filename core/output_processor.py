@@ -40,9 +40,10 @@ class OutputProcessor:
                 continue
             finish_reason = out.finish_reason
             text = state.detokenizer.update(out.new_token_ids, finished=finish_reason is not None)
-            if finish_reason is None and state.detokenizer.stop_string_hit is not None:
+            if state.detokenizer.stop_string_hit is not None and finish_reason in (None, FinishReason.LENGTH):
+                if finish_reason is None:
+                    self._finish(out.request_id, FinishReason.STOP_STRING)
                 finish_reason = FinishReason.STOP_STRING
-                self._finish(out.request_id, finish_reason)
             state.num_output_tokens += len(out.new_token_ids)
             if finish_reason is not None:
                 del self._states[out.request_id]

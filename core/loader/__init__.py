@@ -1,0 +1,119 @@
+"""Model loading: one entry point, `load_model`, for every weight source
+(Hugging Face directory or cache name, GGUF file, the default model, dummy)."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..backend import AttentionSpec, Backend
+from ..config import ModelConfig
+from ..models import model_class
+from .dummy import fill_dummy_weights
+from .gguf_weights import GGUFWeights, load_gguf_config
+from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
+                                  load_hf_config, safetensors_files)
+from .source import ModelNotFoundError, ModelSource, default_model_path, resolve_source
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: nn.Module  # eval mode, on backend.device, in `dtype`; see models/llama.py for the call
+    hf_config: Any  # transformers PretrainedConfig
+    attention_spec: AttentionSpec  # KV cache shape and dtype (layer 0's spec)
+    attention_specs: tuple[AttentionSpec, ...]  # per layer (sliding windows may differ)
+    num_layers: int
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+    vocab_size: int
+    dtype: torch.dtype
+    source: ModelSource
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_config(source: ModelSource) -> Any:
+    return load_gguf_config(source.path) if source.kind == "gguf" else load_hf_config(source.path)
+
+
+def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> LoadedModel:
+    source = resolve_source(model_config)
+    hf_config = load_config(source)
+    dtype = torch_dtype(model_config.dtype)
+    with torch.device(backend.device):
+        model = model_class(hf_config)(hf_config, backend.attention, block_size, dtype)
+    if source.load_format == "dummy":
+        fill_dummy_weights(model, model_config.seed)
+    else:
+        _load_checkpoint(model, source, hf_config)
+    model.eval()
+    specs = tuple(model.attention_specs)
+    return LoadedModel(model=model, hf_config=hf_config, attention_spec=specs[0], attention_specs=specs,
+                       num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
+                       max_model_len=_max_model_len(model_config, hf_config),
+                       vocab_size=hf_config.vocab_size, dtype=dtype, source=source)
+
+
+def load_tokenizer(model_config: ModelConfig) -> Any:
+    """The transformers tokenizer that goes with `load_model(model_config, ...)`."""
+    from transformers import AutoTokenizer
+
+    source = resolve_source(model_config)
+    if source.kind == "gguf":
+        return AutoTokenizer.from_pretrained(source.directory, gguf_file=os.path.basename(source.path))
+    return AutoTokenizer.from_pretrained(source.directory)
+
+
+def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any) -> None:
+    if source.kind == "gguf":
+        weights: Iterable = GGUFWeights(source.path, hf_config)
+        total = len(weights)
+    else:
+        files = safetensors_files(source.path)
+        weights, total = iterate_safetensors(files), count_safetensors_weights(files)
+    with torch.no_grad():
+        loaded = model.load_weights(_progress(weights, total))
+    missing = sorted(set(dict(model.named_parameters())) - loaded)
+    if missing:
+        raise ValueError(f"{source.path!r} lacks {len(missing)} weights of the model, e.g. {missing[:5]}")
+
+
+def _progress(weights: Iterable, total: int) -> Iterable:
+    if not sys.stderr.isatty():
+        return weights
+    from tqdm.auto import tqdm
+
+    return tqdm(weights, total=total, desc="Loading weights", unit="tensor")
+
+
+def _eos_token_ids(source: ModelSource, hf_config: Any) -> tuple[int, ...]:
+    eos = generation_eos_token_ids(source.directory) if source.kind != "gguf" else None
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+
+
+def _max_model_len(model_config: ModelConfig, hf_config: Any) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    wanted = model_config.max_model_len
+    if wanted is not None and limit is not None and wanted > limit:
+        raise ValueError(f"max_model_len {wanted} exceeds the model's context length {limit}")
+    if wanted is None and limit is None:
+        raise ValueError("the model config has no max_position_embeddings; set max_model_len")
+    return wanted if wanted is not None else limit
+
+
+__all__ = ["DTYPES", "LoadedModel", "ModelNotFoundError", "ModelSource", "default_model_path", "load_config",
+           "load_model", "load_tokenizer", "resolve_source", "torch_dtype"]
