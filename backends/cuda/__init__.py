@@ -16,10 +16,10 @@ class CudaBackend(PendingBackend):
             import torch
 
             if torch.version.cuda is None:
-                return ProbeResult(False, "not usable here: torch built without CUDA (torch.version.cuda is None)")
+                return ProbeResult(False, "torch built without CUDA (torch.version.cuda is None)")
             if not torch.cuda.is_available():
-                return ProbeResult(False, "not usable here: torch.cuda.is_available() is False (no device or driver)")
+                return ProbeResult(False, "torch.cuda.is_available() is False (no device or driver)")
         except Exception as error:
-            return ProbeResult(False, f"not usable here: probing CUDA failed: {error}")
-        return ProbeResult(False, "not usable here: a CUDA device is present, but the CUDA backend "
+            return ProbeResult(False, f"probing CUDA failed: {error}")
+        return ProbeResult(False, "a CUDA device is present, but the CUDA backend "
                                   "arrives with its own issue")

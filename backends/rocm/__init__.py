@@ -16,10 +16,10 @@ class RocmBackend(PendingBackend):
             import torch
 
             if getattr(torch.version, "hip", None) is None:
-                return ProbeResult(False, "not usable here: torch built without ROCm (torch.version.hip is None)")
+                return ProbeResult(False, "torch built without ROCm (torch.version.hip is None)")
             if not torch.cuda.is_available():
-                return ProbeResult(False, "not usable here: no ROCm device visible to torch")
+                return ProbeResult(False, "no ROCm device visible to torch")
         except Exception as error:
-            return ProbeResult(False, f"not usable here: probing ROCm failed: {error}")
-        return ProbeResult(False, "not usable here: a ROCm device is present, but the ROCm backend "
+            return ProbeResult(False, f"probing ROCm failed: {error}")
+        return ProbeResult(False, "a ROCm device is present, but the ROCm backend "
                                   "arrives with its own issue")

@@ -17,8 +17,8 @@ class TpuBackend(PendingBackend):
     def probe(cls) -> ProbeResult:
         try:
             if importlib.util.find_spec("torch_xla") is None:
-                return ProbeResult(False, "not usable here: torch_xla not installed")
+                return ProbeResult(False, "torch_xla not installed")
         except Exception as error:
-            return ProbeResult(False, f"not usable here: torch_xla not importable: {error}")
-        return ProbeResult(False, "not usable here: torch_xla is installed, but the TPU backend "
+            return ProbeResult(False, f"torch_xla not importable: {error}")
+        return ProbeResult(False, "torch_xla is installed, but the TPU backend "
                                   "arrives with its own issue")

@@ -1,0 +1,220 @@
+"""CPU paged attention: SDPA over gathered blocks.
+
+Per step (once, shared by every layer through a `StepPlanCache`) we turn the
+metadata into a `_StepPlan`: one flat list of block ids to gather from each
+layer's cache, and for every part of the batch an additive mask in the query
+dtype. Per layer the kernel then gathers K and V (one `index_select` each, into a
+reused scratch buffer) and makes one `scaled_dot_product_attention` call for all
+decodes together plus one per prompt chunk. No `.item()`: every size comes from
+the metadata's CPU tuples.
+
+Decodes fold grouped-query heads into the query-length axis (q [B, Hkv, group, D]
+against k [B, Hkv, L, D]), which needs no K/V expansion and gives SDPA a real
+matrix instead of a vector. Prompt chunks use `enable_gqa`. With a soft cap
+SDPA cannot be used; an explicit float32 matmul-softmax path takes over.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from switchyard.core.backend import AttentionKernel, AttentionMetadata, AttentionSpec
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One SDPA call: queries [q_start, q_end) against gathered blocks [blk_start, blk_end)."""
+
+    q_start: int
+    q_end: int
+    blk_start: int
+    blk_end: int
+    num_rows: int  # decodes: number of requests; chunk: 1
+    mask: torch.Tensor | None  # additive, query dtype; None means plain causal (top-left aligned)
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    block_ids: torch.Tensor  # [N] int64: every block any part needs, in part order
+    parts: tuple[_Part, ...]
+    has_decodes: bool
+
+
+class StepPlanCache:
+    """Remembers the plan of the current step's metadata (one frozen object per step,
+    shared by all layers), keyed by what the plan depends on; and owns the scratch
+    buffer the layers gather K/V into, one after the other. Reusing that buffer
+    matters: a fresh multi-MB allocation per layer costs more in page faults than
+    the gather itself."""
+
+    def __init__(self) -> None:
+        self._meta: AttentionMetadata | None = None
+        self._plans: dict[tuple, _StepPlan] = {}
+        self._scratch: dict[tuple, torch.Tensor] = {}
+
+    def scratch(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A buffer of this shape, valid until the next call (grows, never shrinks)."""
+        numel, key = math.prod(shape), (dtype, device)
+        buffer = self._scratch.get(key)
+        if buffer is None or buffer.numel() < numel:
+            with torch.inference_mode(False):  # a normal tensor: writable with and without inference mode
+                buffer = torch.empty(numel + numel // 4, dtype=dtype, device=device)  # slack for growing contexts
+            self._scratch[key] = buffer
+        return buffer[:numel].view(shape)
+
+    def get(self, meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype) -> _StepPlan:
+        if meta is not self._meta:  # holding the reference keeps id(meta) from being reused
+            self._meta, self._plans = meta, {}
+        key = (block_size, window, dtype)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = _build_plan(meta, block_size, window, dtype)
+        return plan
+
+
+def _first_key(seq_len: int, q_len: int, window: int | None) -> int:
+    """Earliest key position any of the request's queries may attend to."""
+    return 0 if window is None else max(0, seq_len - q_len - window + 1)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
+def _decode_part(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype):
+    num = meta.num_decodes
+    seq_lens = meta.seq_lens_cpu[:num]
+    first_blocks = [_first_key(s, 1, window) // block_size for s in seq_lens]
+    num_cols = max((s - 1) // block_size - f + 1 for s, f in zip(seq_lens, first_blocks))
+    cols = torch.tensor(first_blocks).unsqueeze(1) + torch.arange(num_cols)  # [B, C]
+    table = meta.block_table[:num].to(device="cpu", dtype=torch.long)
+    block_ids = table.gather(1, cols.clamp(max=table.shape[1] - 1)).reshape(-1)
+    key_pos = (cols.unsqueeze(2) * block_size + torch.arange(block_size)).reshape(num, -1)  # [B, C*bs]
+    query_pos = torch.tensor(seq_lens).unsqueeze(1) - 1
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
+    mask = _additive(allowed, dtype).view(num, 1, 1, -1)
+    return block_ids, mask
+
+
+def _chunk_part(meta: AttentionMetadata, index: int, block_size: int, window: int | None, dtype: torch.dtype):
+    q_start, q_end = meta.query_start_loc_cpu[index], meta.query_start_loc_cpu[index + 1]
+    q_len, seq_len = q_end - q_start, meta.seq_lens_cpu[index]
+    first_block = _first_key(seq_len, q_len, window) // block_size
+    last_block = (seq_len - 1) // block_size
+    block_ids = meta.block_table[index, first_block:last_block + 1].to(device="cpu", dtype=torch.long)
+    if window is None and q_len == seq_len:
+        return block_ids, None  # no cached prefix: SDPA's own (top-left) causal mask is exact
+    key_pos = torch.arange(first_block * block_size, (last_block + 1) * block_size).unsqueeze(0)
+    query_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
+    return block_ids, _additive(allowed, dtype)
+
+
+def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype) -> _StepPlan:
+    ids, parts, offset = [], [], 0
+    if meta.num_decodes:
+        block_ids, mask = _decode_part(meta, block_size, window, dtype)
+        ids.append(block_ids)
+        parts.append(_Part(0, meta.num_decodes, 0, block_ids.numel(), meta.num_decodes, mask))
+        offset = block_ids.numel()
+    for index in range(meta.num_decodes, meta.num_requests):
+        block_ids, mask = _chunk_part(meta, index, block_size, window, dtype)
+        start, end = meta.query_start_loc_cpu[index], meta.query_start_loc_cpu[index + 1]
+        ids.append(block_ids)
+        parts.append(_Part(start, end, offset, offset + block_ids.numel(), 1, mask))
+        offset += block_ids.numel()
+    block_ids = torch.cat(ids) if ids else torch.empty(0, dtype=torch.long)
+    return _StepPlan(block_ids.to(meta.block_table.device), tuple(parts), meta.num_decodes > 0)
+
+
+def _explicit_attention(q, k, v, mask, scale: float, soft_cap: float) -> torch.Tensor:
+    """Matmul-softmax in float32 with a soft cap; q [N, Hq, M, D], k/v [N, Hk, L, D], Hq % Hk == 0."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = soft_cap * torch.tanh(scores / soft_cap)
+    if mask is None:  # top-left causal
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu_(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+    else:
+        scores = scores + mask.float()
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+
+
+@cache
+def sdpa_supports_gqa() -> bool:
+    """Whether this torch's SDPA takes `enable_gqa` (torch >= 2.5)."""
+    q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 1, 4)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+class CpuAttentionKernel(AttentionKernel):
+    """SDPA over gathered blocks; matches `paged_attention_reference`."""
+
+    def __init__(self, spec: AttentionSpec, plans: StepPlanCache | None = None):
+        super().__init__(spec)
+        if spec.num_heads % spec.num_kv_heads:
+            raise ValueError(f"num_heads {spec.num_heads} is not a multiple of num_kv_heads {spec.num_kv_heads}")
+        self._group = spec.num_heads // spec.num_kv_heads
+        self._plans = plans if plans is not None else StepPlanCache()
+        self._native_gqa = self._group > 1 and sdpa_supports_gqa()
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+        flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+        slots = meta.slot_mapping if meta.slot_mapping.dtype == torch.long else meta.slot_mapping.long()
+        flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
+        flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
+
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if meta.num_requests == 0:
+            return out
+        _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+        plan = self._plans.get(meta, block_size, self.spec.sliding_window, query.dtype)
+        gathered = self._plans.scratch((2, plan.block_ids.numel(), *kv_cache.shape[2:]), kv_cache.dtype,
+                                       kv_cache.device)  # [2, N, bs, Hkv, D]
+        torch.index_select(kv_cache[0], 0, plan.block_ids, out=gathered[0])
+        torch.index_select(kv_cache[1], 0, plan.block_ids, out=gathered[1])
+        if gathered.dtype != query.dtype:
+            gathered = gathered.to(query.dtype)
+        for index, part in enumerate(plan.parts):
+            rows = part.num_rows
+            kv = gathered[:, part.blk_start:part.blk_end].reshape(2, rows, -1, num_kv_heads, head_dim)
+            key, value = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [rows, Hkv, L, D]
+            if index == 0 and plan.has_decodes:
+                q = query[part.q_start:part.q_end].reshape(rows, num_kv_heads, self._group, head_dim)
+                o = self._attend(q, key, value, part.mask, gqa=False)
+                out[part.q_start:part.q_end].view(rows, num_kv_heads, self._group, head_dim).copy_(o)
+            else:
+                q = query[part.q_start:part.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+                o = self._attend(q, key, value, part.mask, gqa=True)
+                out[part.q_start:part.q_end].copy_(o[0].transpose(0, 1))
+        return out
+
+    def _attend(self, q, k, v, mask, gqa: bool) -> torch.Tensor:
+        if self.spec.soft_cap is not None:
+            return _explicit_attention(q, k, v, mask, self.spec.scale, self.spec.soft_cap)
+        extra = {}
+        if gqa and q.shape[1] != k.shape[1]:
+            if self._native_gqa:
+                extra["enable_gqa"] = True  # only passed when needed: torch < 2.5 lacks the keyword
+            else:
+                k, v = k.repeat_interleave(self._group, dim=1), v.repeat_interleave(self._group, dim=1)
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.spec.scale, **extra)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.spec.scale, **extra)

@@ -1,0 +1,70 @@
+"""The embedded default backend: always usable, plain torch on the host CPU."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from switchyard.core.backend import AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult
+
+from .attention import CpuAttentionKernel, StepPlanCache
+from .distributed import GlooCommunicator, MultiprocessLauncher, init_process_group
+
+CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; "
+                      "decodes batched in one call, one call per prompt chunk)")
+
+
+def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
+    try:
+        with open(path) as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    priority = 0
+
+    def __init__(self) -> None:
+        self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return ProbeResult(True, "always available")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(8, 16, 32, 64, 128, 256),
+                            mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
+                            static_shapes=False, attention_impl=CPU_ATTENTION_IMPL)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def init_device(self) -> None:
+        """Joins the gloo process group when launched sharded (WORLD_SIZE > 1 set by the launcher)."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size > 1:
+            init_process_group(int(os.environ["RANK"]), world_size, "gloo")
+
+    def available_memory_bytes(self) -> int:
+        available = _meminfo_available_bytes()
+        if available is not None:
+            return available
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+    def attention(self, spec: AttentionSpec) -> AttentionKernel:
+        return CpuAttentionKernel(spec, self._plans)
+
+    def communicator(self) -> GlooCommunicator | None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return GlooCommunicator()
+        return None
+
+    def shard_launcher(self) -> MultiprocessLauncher:
+        return MultiprocessLauncher()

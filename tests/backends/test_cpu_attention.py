@@ -1,0 +1,164 @@
+"""The CPU kernel against the plain-torch reference on ragged, paged batches."""
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+import torch
+
+from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend, StepPlanCache
+from switchyard.core.backend import AttentionMetadata, AttentionSpec
+from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
+
+HEAD_DIM = 16
+NUM_KV_HEADS = 2
+
+
+def make_meta(lens: list[tuple[int, int]], num_decodes: int, block_size: int, num_blocks: int,
+              rng: random.Random) -> AttentionMetadata:
+    """lens: (query_len, seq_len) per request, decodes first. Block ids are random,
+    non-contiguous, distinct across requests, and never 0 (the reserved block)."""
+    needed = [-(-seq_len // block_size) for _, seq_len in lens]
+    ids = rng.sample(range(1, num_blocks), sum(needed))
+    width = max(needed, default=0) + 1  # one column of 0-padding even for the longest request
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    slots, starts = [], [0]
+    for row, ((q_len, seq_len), count) in enumerate(zip(lens, needed)):
+        table[row, :count] = torch.tensor(ids[:count], dtype=torch.int32)
+        ids = ids[count:]
+        for pos in range(seq_len - q_len, seq_len):
+            slots.append(int(table[row, pos // block_size]) * block_size + pos % block_size)
+        starts.append(starts[-1] + q_len)
+    return AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor([s for _, s in lens], dtype=torch.int32),
+        block_table=table, slot_mapping=torch.tensor(slots, dtype=torch.long), num_decodes=num_decodes,
+        max_query_len=max((q for q, _ in lens), default=0), max_seq_len=max((s for _, s in lens), default=0),
+        query_start_loc_cpu=tuple(starts), seq_lens_cpu=tuple(s for _, s in lens))
+
+
+def ragged_batch(rng: random.Random, block_size: int) -> tuple[list[tuple[int, int]], int]:
+    decodes = [(1, rng.randint(1, 5 * block_size)) for _ in range(rng.randint(1, 5))]
+    chunks = [(q, q + rng.choice([0, rng.randint(1, 3 * block_size)])) for q in
+              (rng.randint(2, 2 * block_size + 3) for _ in range(rng.randint(1, 3)))]
+    chunks.append((7, 7))  # a whole prompt with no cached prefix
+    return decodes + chunks, len(decodes)
+
+
+def run_both(lens, num_decodes, spec: AttentionSpec, seed: int, num_blocks: int = 64):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    meta = make_meta(lens, num_decodes, spec.block_size, num_blocks, rng)
+    num_tokens = meta.query_start_loc_cpu[-1]
+    shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+    cache = torch.randn(shape, generator=gen).to(spec.dtype)  # cached prefixes (and garbage elsewhere)
+    ref_cache = cache.clone()
+    query = torch.randn(num_tokens, spec.num_heads, spec.head_dim, generator=gen).to(spec.dtype)
+    key = torch.randn(num_tokens, spec.num_kv_heads, spec.head_dim, generator=gen).to(spec.dtype)
+    value = torch.randn(num_tokens, spec.num_kv_heads, spec.head_dim, generator=gen).to(spec.dtype)
+
+    kernel = CpuAttentionKernel(spec)
+    kernel.write_kv(key, value, cache, meta)
+    write_kv_reference(key, value, ref_cache, meta.slot_mapping)
+    assert torch.equal(cache, ref_cache)
+    out = kernel.forward(query, cache, meta)
+    expected = paged_attention_reference(query, ref_cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
+                                         meta.block_table, spec.scale, spec.sliding_window, spec.soft_cap)
+    return out, expected
+
+
+TOLERANCE = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (5, None), (19, None), (None, 2.0), (11, 3.0)])
+def test_matches_reference_on_ragged_batches(dtype, block_size, group, window, soft_cap):
+    seed = zlib.crc32(repr((dtype, block_size, group, window, soft_cap)).encode()) % 10_000
+    lens, num_decodes = ragged_batch(random.Random(seed), block_size)
+    spec = AttentionSpec(num_heads=NUM_KV_HEADS * group, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+                         block_size=block_size, scale=HEAD_DIM ** -0.5, dtype=dtype,
+                         sliding_window=window, soft_cap=soft_cap)
+    out, expected = run_both(lens, num_decodes, spec, seed)
+    assert out.dtype == dtype and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("lens,num_decodes", [
+    ([(1, 1), (1, 9), (1, 40)], 3),  # only decodes
+    ([(12, 12), (5, 30)], 0),  # only prompt chunks
+    ([(1, 17), (33, 33)], 1),  # a long prompt without prefix next to a decode
+])
+def test_batch_shapes(lens, num_decodes):
+    spec = AttentionSpec(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
+    out, expected = run_both(lens, num_decodes, spec, seed=7)
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
+
+
+def test_soft_cap_and_window_change_the_result():
+    """Guards the tests above: the cases they cover really differ from plain causal attention."""
+    lens = [(1, 30), (9, 25)]
+    base = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=1.0)
+    plain, _ = run_both(lens, 1, base, seed=3)
+    for variant in (dict(soft_cap=2.0), dict(sliding_window=5)):
+        spec = AttentionSpec(**{**base.__dict__, **variant})
+        out, expected = run_both(lens, 1, spec, seed=3)
+        torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
+        assert not torch.allclose(out, plain, atol=1e-3)
+
+
+def test_plan_is_shared_by_layers_and_rebuilt_per_step():
+    backend = CpuBackend()
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.25)
+    layers = [backend.attention(spec) for _ in range(3)]
+    meta = make_meta([(1, 10), (4, 12)], 1, 8, 16, random.Random(0))
+    plans = backend._plans
+    first = plans.get(meta, 8, None, torch.float32)
+    assert all(layer._plans is plans for layer in layers)
+    assert plans.get(meta, 8, None, torch.float32) is first
+    next_meta = make_meta([(1, 11), (4, 12)], 1, 8, 16, random.Random(0))
+    assert plans.get(next_meta, 8, None, torch.float32) is not first
+
+
+def test_empty_batch():
+    spec = AttentionSpec(num_heads=2, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.25)
+    meta = make_meta([], 0, 8, 4, random.Random(0))
+    out = CpuAttentionKernel(spec, StepPlanCache()).forward(torch.empty(0, 2, HEAD_DIM), torch.zeros(2, 4, 8, 2,
+                                                                                                    HEAD_DIM), meta)
+    assert out.shape == (0, 2, HEAD_DIM)
+
+
+def test_write_kv_casts_into_cache_dtype():
+    spec = AttentionSpec(num_heads=2, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.25,
+                         dtype=torch.bfloat16)
+    meta = make_meta([(3, 3)], 0, 8, 4, random.Random(1))
+    cache = torch.zeros(2, 4, 8, 2, HEAD_DIM, dtype=torch.bfloat16)
+    key, value = torch.randn(3, 2, HEAD_DIM), torch.randn(3, 2, HEAD_DIM)
+    CpuAttentionKernel(spec).write_kv(key, value, cache, meta)
+    flat = cache.view(2, -1, 2, HEAD_DIM)
+    assert torch.equal(flat[0, meta.slot_mapping], key.to(torch.bfloat16))
+    assert torch.equal(flat[1, meta.slot_mapping], value.to(torch.bfloat16))
+
+
+def test_grouped_query_attention_without_native_sdpa_support(monkeypatch):
+    """torch < 2.5 lacks SDPA's enable_gqa: prompt chunks then expand K/V instead."""
+    import switchyard.backends.cpu.attention as cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "sdpa_supports_gqa", lambda: False)
+    spec = AttentionSpec(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
+    assert not CpuAttentionKernel(spec)._native_gqa
+    out, expected = run_both([(1, 20), (9, 30), (6, 6)], 1, spec, seed=11)
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
+
+
+def test_kernel_works_inside_and_outside_inference_mode():
+    """The scratch buffer and plans are shared across steps; the engine runs under
+    inference mode, tests and tools may not."""
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
+    kernel, cache = CpuAttentionKernel(spec), torch.randn(2, 16, 8, 2, HEAD_DIM)
+    meta, query = make_meta([(1, 10), (4, 12)], 1, 8, 16, random.Random(0)), torch.randn(5, 4, HEAD_DIM)
+    with torch.inference_mode():
+        inside = kernel.forward(query, cache, meta)
+    assert torch.equal(kernel.forward(query, cache, meta), inside)
