@@ -25,6 +25,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[Request] = []  # in admission order; the last is preempted first
+        self.num_preemptions = 0  # over the scheduler's life, for metrics and tests
         # Backends that cannot mix prefill and decode (config.mixed_prefill_decode=False)
         # still get mixed steps: that policy (TGI's waiting-served ratio) is not built yet.
 
@@ -110,6 +111,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def update(self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
