@@ -15,6 +15,9 @@ class ModelConfig:
     revision: str | None = None
     seed: int = 0  # seed of dummy weights
     max_model_len: int | None = None  # None = the model's own context length
+    # GGUF files are converted once into a Hugging Face directory kept here;
+    # None = $XDG_CACHE_HOME/switchyard (~/.cache/switchyard); "" = convert in memory at every load.
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)

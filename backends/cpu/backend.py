@@ -61,6 +61,17 @@ class CpuBackend(Backend):
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
         return CpuAttentionKernel(spec, self._plans)
 
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
+        """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc),
+        so a large cache costs nothing until it is used. Zeros matter: the kernel
+        reads whole blocks, and masked slots must hold finite values."""
+        import numpy as np
+
+        shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        nbytes = int(np.prod(shape)) * torch.empty((), dtype=spec.dtype).element_size()
+        return [torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(spec.dtype).view(shape)
+                for _ in range(num_layers)]
+
     def communicator(self) -> GlooCommunicator | None:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             return GlooCommunicator()

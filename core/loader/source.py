@@ -93,4 +93,9 @@ def resolve_source(model_config: ModelConfig) -> ModelSource:
         raise ValueError(f"{path!r} is a bare config; it can only be loaded with load_format='dummy'")
     if kind == "safetensors" and not glob.glob(os.path.join(path, "*.safetensors")):
         raise FileNotFoundError(f"{path!r} holds no *.safetensors weights")
+    if kind == "gguf" and model_config.cache_dir != "":
+        from .gguf_cache import converted_directory, default_cache_root
+
+        converted = converted_directory(path, model_config.cache_dir or default_cache_root())
+        return ModelSource("safetensors", converted, "safetensors")
     return ModelSource(kind, path, load_format)
