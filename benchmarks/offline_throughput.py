@@ -44,8 +44,9 @@ def bench_transformers(args, num_requests: int) -> float:
     from switchyard.core.loader import resolve_source
 
     source = resolve_source(ModelConfig(model=args.model))
-    kwargs = {"gguf_file": os.path.basename(source.gguf_file)} if source.gguf_file else {}
-    directory = os.path.dirname(source.gguf_file) if source.gguf_file else source.path
+    # A GGUF source resolves to its converted HF directory: the same dequantized weights.
+    kwargs = {"gguf_file": os.path.basename(source.path)} if source.kind == "gguf" else {}
+    directory = source.directory
     tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, args.dtype), **kwargs).eval()
     prompts = make_prompts(num_requests)

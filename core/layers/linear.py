@@ -15,6 +15,17 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, except a single reduced-precision row goes through matrix-vector
+    multiplication: on CPUs, bf16 GEMM with M=1 is 2-3x slower than bf16 GEMV
+    (measured with torch 2.13: lm_head of SmolLM2 4.4 ms vs 1.3 ms), and batch-1
+    decode is nothing but such products."""
+    if x.shape[0] == 1 and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16):
+        out = torch.mv(weight, x[0]).unsqueeze(0)
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)
+
+
 def _empty_param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
@@ -28,7 +39,7 @@ class Linear(nn.Module):
         self.bias = _empty_param(out_features, dtype=dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedLinear(Linear):
