@@ -62,7 +62,8 @@ def compute_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor
 
 
 class RotaryEmbedding(nn.Module):
-    """Computes cos/sin for the positions of one step; `apply_rotary` uses them."""
+    """Computes, once per step, cos and a sign-folded sin for the step's positions,
+    in the model dtype and shaped [T, 1, head_dim] for every layer's `apply_rotary`."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
@@ -70,19 +71,16 @@ class RotaryEmbedding(nn.Module):
         # Built on the current default device; float32 whatever the model dtype.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+        cos, sin = freqs.cos(), freqs.sin()
+        # rotate_half(x) * sin == roll(x, D/2) * cat(-sin, sin): the sign lives in the table.
+        cos_table = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1)
+        sin_table = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(1)
+        return cos_table, sin_table
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, head_dim] float32."""
-    cos = cos.to(x.dtype).unsqueeze(1)
-    sin = sin.to(x.dtype).unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] ("rotate half" layout); tables from RotaryEmbedding.
+    Same elementwise arithmetic as Hugging Face's x * cos + rotate_half(x) * sin."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

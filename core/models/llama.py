@@ -72,13 +72,18 @@ class LlamaAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv_proj(hidden)
+        v = qkv[:, self.q_size + self.kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is None:  # one rotary call for the query and key heads together
+            qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads,
+                                                           self.head_dim)
+            qk = apply_rotary(qk, cos, sin)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:].contiguous()
+        else:
+            q = self.q_norm(qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size]
+                            .reshape(num_tokens, self.num_kv_heads, self.head_dim))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).contiguous()
         out = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -121,7 +126,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta):
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions)
+        cos, sin = self.rotary_emb(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, meta)
         return self.norm(hidden)

@@ -103,3 +103,11 @@ def test_preemption_under_memory_pressure_gives_the_same_output():
     assert scheduler.num_preemptions > 0
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv_cache_manager.num_free_blocks == 13  # every block came back
+
+
+def test_generate_command_line():
+    import subprocess
+
+    out = subprocess.run(["switchyard", "generate", "--chat", "--max-tokens", "24", "What is the capital of France?"],
+                         check=True, capture_output=True, text=True, timeout=300)
+    assert "Paris" in out.stdout
