@@ -24,6 +24,6 @@ class NeuronBackend(PendingBackend):
         if not glob.glob("/dev/neuron*"):
             missing.append("no /dev/neuron* device")
         if missing:
-            return ProbeResult(False, "" + "; ".join(missing))
+            return ProbeResult(False, "; ".join(missing))
         return ProbeResult(False, "a Neuron device is present, but the Neuron backend "
                                   "arrives with its own issue")

@@ -26,6 +26,6 @@ class XpuBackend(PendingBackend):
         except Exception as error:
             missing.append(f"probing XPU failed: {error}")
         if missing:
-            return ProbeResult(False, "" + "; ".join(missing))
+            return ProbeResult(False, "; ".join(missing))
         return ProbeResult(False, "an XPU device is present, but the XPU backend "
                                   "arrives with its own issue")
