@@ -81,15 +81,20 @@ class LLM:
             raise ValidationError("one SamplingParams per prompt, or a single one", "params")
         processor = OutputProcessor(self.tokenizer, self.engine.finish_request)
         children: dict[str, tuple[int, int]] = {}  # request id -> (prompt index, sample index)
-        for i, (ids, p) in enumerate(zip(token_lists, params_list)):
-            if not ids:
-                raise ValidationError("prompt must not be empty", "prompt")
-            for j in range(p.n):
-                child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
-                request = Request(f"offline-{next(self._ids)}", ids, child)
-                self.engine.add_request(request)
-                processor.add_request(request)
-                children[request.request_id] = (i, j)
+        try:
+            for i, (ids, p) in enumerate(zip(token_lists, params_list)):
+                if not ids:
+                    raise ValidationError("prompt must not be empty", "prompt")
+                for j in range(p.n):
+                    child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
+                    request = Request(f"offline-{next(self._ids)}", ids, child)
+                    self.engine.add_request(request)
+                    processor.add_request(request)
+                    children[request.request_id] = (i, j)
+        except ValidationError:  # all or nothing: withdraw the prompts already queued
+            for request_id in children:
+                self.engine.finish_request(request_id, FinishReason.ABORT)
+            raise
         collected = {rid: {"text": [], "ids": [], "reason": None} for rid in children}
         while self.engine.has_unfinished_requests():
             for out in processor.process(self.engine.step()):

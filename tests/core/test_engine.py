@@ -13,7 +13,7 @@ from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
+def tiny_model_dir(tmp_path_factory, default_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -22,6 +22,7 @@ def tiny_model_dir(tmp_path_factory):
                          eos_token_id=95, bos_token_id=1)
     path = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    default_tokenizer.save_pretrained(path)  # any tokenizer decodes ids < 96; the offline API needs one
     return str(path)
 
 
@@ -95,3 +96,13 @@ def test_step_input_puts_decodes_first_and_maps_slots():
     assert step.meta.slot_mapping.tolist() == [2 * 4 + 1, 5 * 4 + 2, 5 * 4 + 3, 6 * 4 + 0]
     assert step.logits_indices.tolist() == [0, 3]
     assert step.meta.seq_lens_cpu == (6, 5)
+
+
+def test_offline_api_rejects_a_bad_batch_whole(tiny_model_dir):
+    from switchyard.core.llm import LLM
+
+    llm = LLM(model=tiny_model_dir, num_kv_blocks=8, block_size=4)
+    with pytest.raises(ValidationError):
+        llm.generate([[1, 2, 3], list(range(1, 60))], GREEDY)  # the second can never fit
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.generate([[1, 2, 3]], GREEDY)[0].finish_reason == "length"
