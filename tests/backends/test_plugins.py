@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import ast
 import os
 import shutil
 import subprocess
@@ -130,3 +131,36 @@ def test_the_cli_lists_an_out_of_tree_backend(toy_site):
     lines = result.stdout.splitlines()
     for name in BUILTIN + ["toy"]:
         assert any(name in line for line in lines), (name, result.stdout)
+
+
+def test_an_out_of_tree_backend_runs_the_engine_and_agrees_with_cpu(toy_site, tmp_path):
+    """The plugin is not only listed: the whole engine generates through its kernel."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import torch
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    result = run_python(f"""
+        from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
+        from switchyard.core.engine import EngineCore
+        from switchyard.core.params import SamplingParams
+        from switchyard.core.request import Request
+        outputs = []
+        for backend in ("toy", "cpu"):
+            engine = EngineCore(EngineConfig(model=ModelConfig(model={str(tmp_path)!r}),
+                                             cache=CacheConfig(num_blocks=16), backend=backend))
+            engine.add_request(Request("r", [1, 2, 3, 4, 5], SamplingParams(temperature=0.0, max_tokens=8,
+                                                                            ignore_eos=True)))
+            tokens = []
+            while engine.has_unfinished_requests():
+                tokens += [t for out in engine.step() for t in out.new_token_ids]
+            outputs.append((engine.backend.name, tokens))
+        print(outputs)
+    """, toy_site)
+    assert result.returncode == 0, result.stderr
+    (toy_name, toy_tokens), (cpu_name, cpu_tokens) = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert (toy_name, cpu_name) == ("toy", "cpu")
+    assert len(toy_tokens) == 8 and toy_tokens == cpu_tokens
