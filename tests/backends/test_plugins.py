@@ -1,8 +1,8 @@
 """Discovery, probing and selection of backends through the `switchyard.backends` entry points."""
 from __future__ import annotations
 
-import importlib.util
 import ast
+import importlib.util
 import os
 import shutil
 import subprocess
