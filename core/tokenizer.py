@@ -1,8 +1,9 @@
 """Incremental detokenization and stop strings."""
 from __future__ import annotations
 
-# How many tokens before the unread ones are decoded again, so that tokenizers
-# that merge or strip spaces at word boundaries see enough context.
+# How many prompt tokens seed the decode window, so that the first output token
+# is decoded after real context (tokenizers strip or merge spaces at the start).
+# Afterwards the window is the previous token plus the unread ones.
 _CONTEXT_TOKENS = 6
 
 

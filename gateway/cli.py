@@ -69,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except Exception as exc:  # noqa: BLE001 - a CLI prints errors, it does not dump tracebacks on users
+    except Exception as exc:  # noqa: BLE001 - user errors are printed, not dumped as tracebacks
+        from switchyard.core.loader.source import ModelNotFoundError
         from switchyard.core.params import ValidationError
+        from switchyard.core.plugins import BackendError
 
-        if isinstance(exc, ValidationError) or type(exc).__name__ in ("BackendError", "ModelNotFoundError"):
+        if isinstance(exc, (ValidationError, BackendError, ModelNotFoundError)):
             print(f"switchyard: error: {exc}", file=sys.stderr)
             return 2
         raise
