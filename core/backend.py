@@ -7,9 +7,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
+
+from .config import CacheConfig, EngineConfig
+
+if TYPE_CHECKING:
+    from .loader import LoadedModel
+    from .runner import ModelRunner
+
+# Share of available_memory_bytes() the KV cache takes when CacheConfig.memory_fraction is None.
+DEFAULT_MEMORY_FRACTION = 0.3
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,25 @@ class Backend(ABC):
 
     @abstractmethod
     def attention(self, spec: AttentionSpec) -> AttentionKernel: ...
+
+    def profile_run(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        """Called once after the weights are loaded, before the KV cache is sized. A device
+        backend runs a largest-size step here, so that what its activations need is no longer
+        counted as free memory. The default does nothing."""
+
+    def num_kv_blocks(self, bytes_per_block: int, cache: CacheConfig) -> int:
+        """KV capacity in blocks when the configuration names none. Default: memory_fraction
+        (DEFAULT_MEMORY_FRACTION when None) of available_memory_bytes(), at most max_auto_blocks."""
+        fraction = DEFAULT_MEMORY_FRACTION if cache.memory_fraction is None else cache.memory_fraction
+        budget = int(self.available_memory_bytes() * fraction)
+        return max(2, min(cache.max_auto_blocks, budget // bytes_per_block))
+
+    def make_runner(self, loaded: LoadedModel, kv_caches: list[torch.Tensor], config: EngineConfig) -> ModelRunner:
+        """The runner of every step. A backend may return its own subclass (graph capture,
+        static shapes); it is built once, after the KV cache is allocated."""
+        from .runner import ModelRunner
+
+        return ModelRunner(loaded.model, self, kv_caches, config.cache.block_size)
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
         shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)

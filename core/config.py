@@ -25,9 +25,11 @@ class CacheConfig:
     block_size: int = 16
     # KV capacity in blocks; None = sized at warm-up from available memory.
     num_blocks: int | None = None
-    # Fraction of the memory left after loading weights that the KV cache may take.
-    memory_fraction: float = 0.3
-    # Upper bound of blocks when sizing automatically (keeps a CPU process polite).
+    # Share of memory the KV cache is sized from; None = the backend's default. CPU: a
+    # fraction of the memory left after loading weights (default 0.3). CUDA/ROCm: TGI's
+    # --cuda-memory-fraction, the fraction of total device memory the process may use (default 1.0).
+    memory_fraction: float | None = None
+    # Upper bound of blocks when sizing automatically (keeps a CPU process polite; device backends ignore it).
     max_auto_blocks: int = 16384
 
 

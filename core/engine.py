@@ -12,7 +12,6 @@ from .kv import BlockPool, KVCacheManager
 from .loader import LoadedModel, load_model
 from .plugins import select_backend
 from .request import EngineCoreOutput, FinishReason, Request
-from .runner import ModelRunner
 from .sampling import Sampler, SampleRow, make_generator
 from .scheduler import Scheduler
 
@@ -39,8 +38,7 @@ def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend)
     spec = loaded.attention_spec
     bytes_per_block = (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
                        * torch.empty((), dtype=spec.dtype).element_size())
-    budget = int(backend.available_memory_bytes() * cache.memory_fraction)
-    return max(2, min(cache.max_auto_blocks, budget // bytes_per_block))
+    return backend.num_kv_blocks(bytes_per_block, cache)
 
 
 class EngineCore:
@@ -50,9 +48,10 @@ class EngineCore:
         self.backend.init_device()
         block_size = config.cache.block_size
         self.loaded = load_model(config.model, self.backend, block_size)
+        self.backend.profile_run(self.loaded, config)
         num_blocks = num_kv_blocks_for(config.cache, self.loaded, self.backend)
         kv_caches = self.backend.allocate_kv_cache(self.loaded.num_layers, num_blocks, self.loaded.attention_spec)
-        self.runner = ModelRunner(self.loaded.model, self.backend, kv_caches, block_size)
+        self.runner = self.backend.make_runner(self.loaded, kv_caches, config)
         self.scheduler = Scheduler(config.scheduler, KVCacheManager(BlockPool(num_blocks), block_size))
         self.sampler = Sampler()
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,

@@ -1,9 +1,10 @@
 """EngineCore on a tiny random-weight Llama through the real CPU backend."""
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
 
+from switchyard.core.backend import DEFAULT_MEMORY_FRACTION, Backend
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine import EngineCore, num_kv_blocks_for
 from switchyard.core.params import SamplingParams, ValidationError
@@ -77,9 +78,12 @@ def test_kv_capacity_is_sized_from_available_memory():
     spec = SimpleNamespace(block_size=16, num_kv_heads=2, head_dim=8, dtype=torch.float32)
     loaded = SimpleNamespace(attention_spec=spec, num_layers=3)
     backend = SimpleNamespace(available_memory_bytes=lambda: 10 * 2**20)
+    backend.num_kv_blocks = MethodType(Backend.num_kv_blocks, backend)  # the default policy
     bytes_per_block = 2 * 3 * 16 * 2 * 8 * 4
     sized = num_kv_blocks_for(CacheConfig(memory_fraction=0.5, max_auto_blocks=10**9), loaded, backend)
     assert sized == (5 * 2**20) // bytes_per_block
+    default = num_kv_blocks_for(CacheConfig(max_auto_blocks=10**9), loaded, backend)
+    assert default == int(10 * 2**20 * DEFAULT_MEMORY_FRACTION) // bytes_per_block
     assert num_kv_blocks_for(CacheConfig(num_blocks=77), loaded, backend) == 77  # the flag wins
     assert num_kv_blocks_for(CacheConfig(memory_fraction=0.5, max_auto_blocks=100), loaded, backend) == 100
 
