@@ -14,6 +14,7 @@ from .plugins import select_backend
 from .request import EngineCoreOutput, FinishReason, Request
 from .sampling import Sampler, SampleRow, make_generator
 from .scheduler import Scheduler
+from .scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class EngineCore:
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids)
         self._generators: dict[str, torch.Generator] = {}
+        self.last_scheduler_output: SchedulerOutput | None = None  # for step metrics
         logger.info("engine ready: backend=%s kv_blocks=%d (%d tokens)", self.backend.name, num_blocks,
                     self.info.max_batch_total_tokens)
 
@@ -79,6 +81,7 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         scheduler_output = self.scheduler.schedule()
+        self.last_scheduler_output = scheduler_output
         if scheduler_output.is_empty:
             return []
         logits, request_ids = self.runner.execute(scheduler_output)

@@ -52,5 +52,6 @@ class OutputProcessor:
                 finished=finish_reason is not None, finish_reason=finish_reason,
                 num_prompt_tokens=state.request.num_prompt_tokens, num_output_tokens=state.num_output_tokens,
                 logprobs=None if out.logprob is None else (out.logprob,),
-                top_logprobs=None if out.top_logprobs is None else (out.top_logprobs,)))
+                top_logprobs=None if out.top_logprobs is None else (out.top_logprobs,),
+                first_scheduled_time=state.request.first_scheduled_time))
         return results

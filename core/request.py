@@ -42,6 +42,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None  # time.monotonic() when first admitted to the batch
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -80,6 +81,14 @@ class RequestOutput:
     num_output_tokens: int
     logprobs: tuple[float, ...] | None = None  # of each new token
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    first_scheduled_time: float | None = None  # time.monotonic(); set on the finished output
+
+    @property
+    def stop_reason(self) -> int | None:
+        """The stop token id that ended the request, if one did."""
+        if self.finish_reason is FinishReason.STOP_TOKEN and self.new_token_ids:
+            return self.new_token_ids[-1]
+        return None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ on one thread; aborts and stop strings go through `finish_request()` between ste
 """
 from __future__ import annotations
 
+import time
+
 from collections import deque
 
 from .config import SchedulerConfig
@@ -88,6 +90,8 @@ class Scheduler:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
             self.running.append(request)
             scheduled.append(self._scheduled_request(request, num_new_tokens))
             budget -= num_new_tokens

@@ -6,11 +6,15 @@ import argparse
 import sys
 
 
-def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-id", "--model", dest="model", default=None,
-                        help="local HF model directory, .gguf file or HF cache name (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--backend", default=None, help="backend plugin name (default: best usable)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+def _add_engine_flags(parser: argparse.ArgumentParser, environ=None) -> None:
+    environ = environ or {}
+    parser.add_argument("--model-id", "--model", dest="model", default=environ.get("MODEL_ID") or None,
+                        help="local HF model directory, .gguf file or HF cache name (default: SmolLM2-135M-Instruct)"
+                        " [env: MODEL_ID]")
+    parser.add_argument("--backend", default=environ.get("SWITCHYARD_BACKEND") or None,
+                        help="backend plugin name (default: best usable)")
+    parser.add_argument("--dtype", default=environ.get("DTYPE") or "float32",
+                        choices=["float32", "bfloat16", "float16"], help="[env: DTYPE]")
     parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV capacity in blocks (default: sized at warm-up)")
@@ -45,7 +49,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import run_server
+
+    return run_server(args)
+
+
+def build_parser(environ=None) -> argparse.ArgumentParser:
+    """`environ` (default: the process environment, read now) gives TGI's variables
+    as flag defaults."""
+    from .serve import add_serve_flags, environ as process_environ
+
+    environ = process_environ() if environ is None else environ
     parser = argparse.ArgumentParser(prog="switchyard", description="Switchyard LLM serving engine")
     commands = parser.add_subparsers(dest="command", required=True)
     backends = commands.add_parser("backends", help="list discovered backends, whether usable and why")
@@ -60,8 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--stop", action="append")
     generate.add_argument("--ignore-eos", action="store_true")
-    _add_engine_flags(generate)
+    _add_engine_flags(generate, environ)
     generate.set_defaults(run=_cmd_generate)
+    serve = commands.add_parser("serve", help="serve the OpenAI and TGI HTTP APIs")
+    _add_engine_flags(serve, environ)
+    add_serve_flags(serve, environ)
+    serve.set_defaults(run=_cmd_serve)
     return parser
 
 

@@ -1,0 +1,285 @@
+"""EngineClient: the gateway's handle on the engine.
+
+`add_request(request)` returns a `RequestStream`, an async iterator of
+`RequestOutput`s; `abort(request_id)` withdraws a request and frees its blocks
+before the next step. The in-process client runs the step loop in one thread;
+the gateway's event loop only enqueues commands and receives outputs, so a
+slow step never blocks HTTP.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .request import FinishReason, Request, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop failed; requests in flight are failed with this error."""
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one engine step did, reported to the gateway's metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_decodes: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+    duration_s: float
+
+
+class RequestStream:
+    """The outputs of one request, in order. Raises the engine's error if it failed."""
+
+    def __init__(self, request: Request, abort: Callable[[str], None]):
+        self.request_id = request.request_id
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.arrival_time = request.arrival_time
+        self.first_token_time: float | None = None
+        self.finished = False
+        self._abort = abort
+        self.loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def abort(self) -> None:
+        """Withdraw the request if it is still running (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self._abort(self.request_id)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if self.first_token_time is None and item.new_token_ids:
+            self.first_token_time = time.monotonic()
+        if item.finished:
+            self.finished = True
+        return item
+
+
+class EngineClient(ABC):
+    """The interface the gateway talks to (in-process now; over a socket later)."""
+
+    tokenizer: object
+    info: object  # core.engine.EngineInfo
+
+    @abstractmethod
+    async def add_request(self, request: Request) -> RequestStream:
+        """Queue a request; raises ValidationError if the engine rejects it."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None: ...
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """True once the model is loaded and warmed up."""
+
+    @property
+    def num_unfinished(self) -> int:
+        return 0
+
+
+_ADD, _ABORT, _STOP = "add", "abort", "stop"
+
+
+class InProcessEngineClient(EngineClient):
+    """Runs EngineCore in a background thread built by `engine_factory`.
+
+    `engine_factory()` returns (engine_core, tokenizer); it runs in the engine thread
+    so that loading the model does not hold up the HTTP server (which answers
+    /health with 503 meanwhile). Streams may live on any event loop."""
+
+    def __init__(self, engine_factory: Callable[[], tuple[object, object]],
+                 on_step: Callable[[StepStats], None] | None = None, warm_up: bool = True):
+        self._engine_factory = engine_factory
+        self.on_step = on_step  # called in the engine thread after each step
+        self._warm_up = warm_up
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self.startup_error: BaseException | None = None
+        self.engine = None
+        self.tokenizer = None
+        self.info = None
+
+    # -- life cycle ---------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (loads the model, warms up, then steps)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="switchyard-engine", daemon=True)
+            self._thread.start()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.is_set():
+            if self.startup_error is not None:
+                raise self.startup_error
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the engine did not become ready in time")
+            await asyncio.sleep(0.05)
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        self._commands.put((_STOP, None, None))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    # -- requests (any event loop) -------------------------------------------------
+    async def add_request(self, request: Request) -> RequestStream:
+        if not self.ready:
+            raise EngineDeadError("the engine is not ready")
+        stream = RequestStream(request, self.abort)
+        accepted: asyncio.Future = stream.loop.create_future()
+        self._commands.put((_ADD, (request, stream), accepted))
+        await accepted
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; the engine frees the request before its next step."""
+        self._commands.put((_ABORT, request_id, None))
+
+    # -- the engine thread ------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.engine, self.tokenizer = self._engine_factory()
+            self.info = self.engine.info
+            from .output_processor import OutputProcessor
+
+            self._processor = OutputProcessor(self.tokenizer, self.engine.finish_request)
+            if self._warm_up:
+                self._warm_up_engine()
+        except BaseException as exc:  # noqa: BLE001 - reported to the gateway, which exits
+            logger.exception("engine start-up failed")
+            self.startup_error = exc
+            return
+        self._ready.set()
+        logger.info("engine warmed up and ready")
+        while self._handle_commands(block=not self.engine.has_unfinished_requests()):
+            if self.engine.has_unfinished_requests():
+                self._step()
+
+    def _warm_up_engine(self) -> None:
+        from .params import SamplingParams
+
+        ids = self.tokenizer.encode("Warm-up") or [0]
+        self.engine.add_request(Request("warm-up", ids, SamplingParams(max_tokens=2, temperature=0.0,
+                                                                        ignore_eos=True)))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def _handle_commands(self, block: bool) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        while True:
+            try:
+                kind, payload, future = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == _STOP:
+                return False
+            if kind == _ADD:
+                self._add(*payload, future)
+            elif kind == _ABORT:
+                self._abort_request(payload)
+
+    def _add(self, request: Request, stream: RequestStream, future: asyncio.Future) -> None:
+        try:
+            self.engine.add_request(request)
+            self._processor.add_request(request)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            stream.loop.call_soon_threadsafe(_settle, future, exc)
+            return
+        self._streams[request.request_id] = stream
+        stream.loop.call_soon_threadsafe(_settle, future, None)
+
+    def _abort_request(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.engine.finish_request(request_id, FinishReason.ABORT)
+            self._processor.remove_request(request_id)
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            outputs = self._processor.process(self.engine.step())
+        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
+            logger.exception("engine step failed; failing the requests in flight")
+            error = EngineDeadError(f"generation failed: {exc}")
+            for request_id, stream in list(self._streams.items()):
+                self._abort_request(request_id)
+                stream.loop.call_soon_threadsafe(stream.put, error)
+            return
+        if outputs:
+            self._dispatch(outputs)
+        if self.on_step is not None:
+            self.on_step(self._step_stats(time.perf_counter() - start))
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Hand outputs to their streams: one wake-up per event loop per step."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            by_loop.setdefault(stream.loop, []).append((stream, out))
+            if out.finished:
+                del self._streams[out.request_id]
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_deliver, items)
+
+    def _step_stats(self, duration_s: float) -> StepStats:
+        scheduler = self.engine.scheduler
+        last = self.engine.last_scheduler_output
+        scheduled = last.scheduled if last is not None else ()
+        num_tokens = sum(s.num_new_tokens for s in scheduled)
+        num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
+        pool = scheduler.kv_cache_manager.block_pool
+        return StepStats(
+            num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+            num_scheduled_tokens=num_tokens, num_prefill_tokens=num_tokens - num_decodes, num_decodes=num_decodes,
+            num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
+            num_kv_blocks_total=pool.num_usable_blocks, duration_s=duration_s)
+
+
+def _deliver(items: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, out in items:
+        stream.put(out)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,1 @@
+"""openai dialect: schemas and routes."""

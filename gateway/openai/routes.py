@@ -1,0 +1,4 @@
+"""Routes of this dialect (being written)."""
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,168 @@
+"""`switchyard serve`: TGI's launcher flags (and their environment variables, read
+when the command line is parsed, never at import) -> EngineConfig + ServerSettings."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+
+from .settings import ServerSettings
+
+logger = logging.getLogger("switchyard.serve")
+
+
+def _env_default(environ: Mapping[str, str], names: tuple[str, ...], default, kind=str):
+    for name in names:
+        if environ.get(name) not in (None, ""):
+            value = environ[name]
+            if kind is bool:
+                return value.lower() in ("1", "true", "yes", "on")
+            return kind(value)
+    return default
+
+
+# (flag, env names, type, default, help) - TGI's names and defaults where they apply.
+_SERVE_FLAGS = [
+    ("--hostname", ("HOSTNAME",), str, "127.0.0.1", "address to listen on"),
+    ("--port", ("PORT",), int, 8080, "port to listen on"),
+    ("--max-concurrent-requests", ("MAX_CONCURRENT_REQUESTS",), int, 128,
+     "requests served at once; more get 429 at once"),
+    ("--max-input-tokens", ("MAX_INPUT_TOKENS", "MAX_INPUT_LENGTH"), int, None,
+     "most prompt tokens (default: max-total-tokens - 1)"),
+    ("--max-total-tokens", ("MAX_TOTAL_TOKENS",), int, None,
+     "most prompt + generated tokens of one request (default: the model's context length)"),
+    ("--max-batch-prefill-tokens", ("MAX_BATCH_PREFILL_TOKENS",), int, 2048, "token budget of one step"),
+    ("--max-batch-total-tokens", ("MAX_BATCH_TOTAL_TOKENS",), int, None,
+     "KV cache capacity in tokens (default: sized from free memory at warm-up)"),
+    ("--max-batch-size", ("MAX_BATCH_SIZE",), int, 256, "most requests in the running batch"),
+    ("--max-stop-sequences", ("MAX_STOP_SEQUENCES",), int, 4, "most stop sequences per request"),
+    ("--max-top-n-tokens", ("MAX_TOP_N_TOKENS",), int, 5, "most top_n_tokens / top_logprobs"),
+    ("--max-best-of", ("MAX_BEST_OF",), int, 2, "largest best_of"),
+    ("--max-client-batch-size", ("MAX_CLIENT_BATCH_SIZE",), int, 4, "most prompts in one request"),
+    ("--revision", ("REVISION",), str, None, "model revision (Hugging Face cache)"),
+    ("--api-key", ("API_KEY",), str, None, "require Authorization: Bearer <key> on inference routes"),
+    ("--payload-limit", ("PAYLOAD_LIMIT",), int, 2_000_000, "largest request body in bytes"),
+    ("--cuda-memory-fraction", ("CUDA_MEMORY_FRACTION",), float, None,
+     "fraction of free device memory the KV cache may take"),
+    ("--num-shard", ("NUM_SHARD",), int, 1, "number of shards (tensor parallelism)"),
+    ("--quantize", ("QUANTIZE",), str, None, "weight quantization (not supported yet)"),
+    ("--waiting-served-ratio", ("WAITING_SERVED_RATIO",), float, 0.3,
+     "for backends that cannot mix prefill and decode"),
+    ("--max-waiting-tokens", ("MAX_WAITING_TOKENS",), int, 20,
+     "for backends that cannot mix prefill and decode"),
+    ("--graceful-shutdown-timeout", ("GRACEFUL_SHUTDOWN_TIMEOUT",), float, 30.0,
+     "seconds in-flight requests get to finish after SIGTERM"),
+    ("--served-model-name", ("SERVED_MODEL_NAME",), str, None, "name reported in /info and /v1/models"),
+]
+_SERVE_SWITCHES = [
+    ("--json-output", ("JSON_OUTPUT",), "structured JSON logs"),
+    ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",), "reject grammar / response_format"),
+    ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "accepted for TGI compatibility (no remote code is run)"),
+]
+
+
+def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    for flag, envs, kind, default, help_text in _SERVE_FLAGS:
+        parser.add_argument(flag, type=kind, default=_env_default(environ, envs, default, kind),
+                            help=f"{help_text} [env: {envs[0]}]")
+    parser.add_argument("--cors-allow-origin", action="append",
+                        default=[o for o in environ.get("CORS_ALLOW_ORIGIN", "").split(",") if o],
+                        help="allowed CORS origin (repeatable) [env: CORS_ALLOW_ORIGIN]")
+    for flag, envs, help_text in _SERVE_SWITCHES:
+        parser.add_argument(flag, action="store_true", default=_env_default(environ, envs, False, bool),
+                            help=f"{help_text} [env: {envs[0]}]")
+
+
+def _check_supported(args: argparse.Namespace) -> None:
+    from switchyard.core.params import ValidationError
+
+    if args.quantize:
+        raise ValidationError(f"--quantize {args.quantize} is not supported yet; serve unquantized weights")
+    if args.num_shard != 1:
+        raise ValidationError("--num-shard > 1 (tensor parallelism) is not supported yet")
+
+
+def engine_config(args: argparse.Namespace):
+    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+    _check_supported(args)
+    block_size = 16
+    num_blocks = args.num_kv_blocks
+    if num_blocks is None and args.max_batch_total_tokens is not None:
+        num_blocks = -(-args.max_batch_total_tokens // block_size) + 1  # + the reserved block
+    cache = CacheConfig(block_size=block_size, num_blocks=num_blocks)
+    if args.cuda_memory_fraction is not None:
+        cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction)
+    return EngineConfig(
+        model=ModelConfig(model=args.model, dtype=args.dtype, load_format=args.load_format, revision=args.revision,
+                          max_model_len=args.max_model_len or args.max_total_tokens),
+        cache=cache,
+        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
+                                  max_num_seqs=args.max_batch_size),
+        backend=args.backend)
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    model_id = args.served_model_name or _display_name(args.model)
+    return ServerSettings(
+        model_id=model_id, hostname=args.hostname, port=args.port,
+        max_concurrent_requests=args.max_concurrent_requests, max_input_tokens=args.max_input_tokens,
+        max_total_tokens=args.max_total_tokens, max_best_of=args.max_best_of,
+        max_stop_sequences=args.max_stop_sequences, max_top_n_tokens=args.max_top_n_tokens,
+        max_client_batch_size=args.max_client_batch_size, api_key=args.api_key,
+        cors_allow_origin=tuple(args.cors_allow_origin), payload_limit=args.payload_limit,
+        json_output=args.json_output, disable_grammar_support=args.disable_grammar_support,
+        graceful_shutdown_s=args.graceful_shutdown_timeout, version=_version())
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("switchyard")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def _display_name(model: str | None) -> str:
+    if model is None:
+        return "HuggingFaceTB/SmolLM2-135M-Instruct"
+    return model.rstrip("/")
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .logs import configure_logging, uvicorn_log_config
+
+    configure_logging(args.json_output)
+    config = engine_config(args)
+    from switchyard.core.loader.source import resolve_source
+
+    resolve_source(config.model)  # an unknown model is a user error before the server starts
+    settings = server_settings(args)
+    client = make_engine_client(config)
+    app = create_app(settings, client)
+    uvicorn.run(app, host=settings.hostname, port=settings.port, log_config=uvicorn_log_config(args.json_output),
+                timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
+    return 1 if client.startup_error is not None else 0
+
+
+def make_engine_client(config):
+    from switchyard.core.client import InProcessEngineClient
+
+    def build():
+        from switchyard.core.engine import EngineCore
+        from switchyard.core.loader import load_tokenizer
+
+        engine = EngineCore(config)
+        return engine, load_tokenizer(config.model)
+
+    return InProcessEngineClient(build)
+
+
+def environ() -> Mapping[str, str]:
+    """The process environment, read when the command line is parsed."""
+    return os.environ

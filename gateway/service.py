@@ -1,0 +1,251 @@
+"""What both dialects do with the engine: admit, tokenize, check lengths, submit,
+collect or merge outputs, and record metrics. Routes stay thin."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from switchyard.core.client import EngineClient, EngineDeadError, RequestStream
+from switchyard.core.params import SamplingParams, ValidationError
+from switchyard.core.request import FinishReason, Request, RequestOutput
+
+from .errors import ErrorKind, GatewayError
+from .metrics import Metrics
+from .settings import Limits, ServerSettings
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished sequence, collected from its stream."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    logprobs: tuple[float, ...] | None  # per generated token
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None
+    num_prompt_tokens: int
+    stop_reason: int | None  # the stop token id that ended it
+
+
+@dataclass(frozen=True)
+class Timings:
+    """TGI's x-* timing headers, in seconds."""
+
+    validation: float
+    queue: float
+    inference: float
+    total: float
+
+
+class Admission:
+    """One slot of --max-concurrent-requests, released exactly once."""
+
+    def __init__(self, service: GenerationService):
+        self._service = service
+        self.received_at = time.monotonic()
+        self._released = False
+
+    def release(self, error: BaseException | None = None) -> None:
+        """Free the slot; counts the request as a success, or as a failure of `error`'s kind."""
+        if self._released:
+            return
+        self._released = True
+        service = self._service
+        service._in_flight -= 1
+        service.metrics.requests_in_flight.set(service._in_flight)
+        if error is None:
+            service.metrics.request_success.inc()
+        else:
+            kind = error.kind if isinstance(error, GatewayError) else ErrorKind.INTERNAL
+            service.metrics.request_failure.inc(err=kind.value.tgi_type)
+
+
+class GenerationService:
+    def __init__(self, client: EngineClient, settings: ServerSettings, metrics: Metrics):
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self._in_flight = 0
+        self._limits: Limits | None = None
+
+    # -- what the routes ask -------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.client.tokenizer
+
+    @property
+    def limits(self) -> Limits:
+        if self._limits is None:
+            self._limits = Limits.resolve(self.settings, self.client.info.max_model_len)
+        return self._limits
+
+    def admit(self) -> Admission:
+        """Take a concurrency slot or fail with 429 at once."""
+        self.require_ready()
+        self.metrics.request_count.inc()
+        if self._in_flight >= self.settings.max_concurrent_requests:
+            self.metrics.request_failure.inc(err="overloaded")
+            raise GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
+        self._in_flight += 1
+        self.metrics.requests_in_flight.set(self._in_flight)
+        return Admission(self)
+
+    def require_ready(self) -> None:
+        if not self.client.ready:
+            raise GatewayError(ErrorKind.UNAVAILABLE, "the model is still loading")
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The chat template applied to `messages` (a TEMPLATE error if it fails)."""
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=False, **template_kwargs)
+        except Exception as exc:  # noqa: BLE001 - jinja raises many kinds; all are the request's fault
+            raise GatewayError(ErrorKind.TEMPLATE, f"the chat template failed: {exc}", "messages") from exc
+
+    def check_lengths(self, num_prompt_tokens: int, max_new_tokens: int | None, param: str = "prompt") -> int:
+        """TGI's length rules; returns max_new_tokens (filled in when None)."""
+        limits = self.limits
+        if num_prompt_tokens == 0:
+            raise GatewayError(ErrorKind.VALIDATION, "the input must not be empty", param)
+        if num_prompt_tokens > limits.max_input_tokens:
+            raise GatewayError(ErrorKind.VALIDATION, f"`inputs` tokens must be <= {limits.max_input_tokens}. "
+                               f"Given: {num_prompt_tokens}", param)
+        room = limits.max_total_tokens - num_prompt_tokens
+        if max_new_tokens is None:
+            return room
+        if num_prompt_tokens + max_new_tokens > limits.max_total_tokens:
+            raise GatewayError(ErrorKind.VALIDATION, f"`inputs` tokens + `max_new_tokens` must be <= "
+                               f"{limits.max_total_tokens}. Given: {num_prompt_tokens} `inputs` tokens and "
+                               f"{max_new_tokens} `max_new_tokens`", "max_tokens")
+        return max_new_tokens
+
+    # -- the engine ----------------------------------------------------------------
+    async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                     arrival_time: float | None = None) -> RequestStream:
+        request = Request(request_id or uuid.uuid4().hex, list(prompt_ids), params)
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
+        try:
+            stream = await self.client.add_request(request)
+        except ValidationError as exc:
+            raise GatewayError(ErrorKind.VALIDATION, str(exc), exc.param) from exc
+        except EngineDeadError as exc:
+            raise GatewayError(ErrorKind.GENERATION, str(exc)) from exc
+        self.metrics.request_input_length.observe(len(prompt_ids))
+        if params.max_tokens is not None:
+            self.metrics.request_max_new_tokens.observe(params.max_tokens)
+        return stream
+
+    async def submit_all(self, prompts: list[tuple[list[int], SamplingParams]],
+                         arrival_time: float | None = None) -> list[RequestStream]:
+        """Submit several sequences (prompts x n); all or none."""
+        base = uuid.uuid4().hex
+        streams: list[RequestStream] = []
+        try:
+            for i, (ids, params) in enumerate(prompts):
+                streams.append(await self.submit(ids, params, f"{base}-{i}", arrival_time))
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        return streams
+
+    async def collect(self, stream: RequestStream) -> Completion:
+        """Wait for a stream to finish; aborts it if the caller is cancelled."""
+        pieces: list[str] = []
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        top: list = []
+        try:
+            async for out in stream:
+                pieces.append(out.new_text)
+                token_ids.extend(out.new_token_ids)
+                logprobs.extend(out.logprobs or ())
+                top.extend(out.top_logprobs or ())
+                last = out
+        except EngineDeadError as exc:
+            raise GatewayError(ErrorKind.GENERATION, str(exc)) from exc
+        finally:
+            stream.abort()
+        self.record(stream, last)
+        return Completion("".join(pieces), tuple(token_ids), last.finish_reason,
+                          tuple(logprobs) if last.logprobs is not None else None,
+                          tuple(top) if last.top_logprobs is not None else None,
+                          last.num_prompt_tokens, last.stop_reason)
+
+    async def collect_all(self, streams: list[RequestStream]) -> list[Completion]:
+        try:
+            return list(await asyncio.gather(*(self.collect(s) for s in streams)))
+        finally:
+            for stream in streams:
+                stream.abort()
+
+    async def merged(self, streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs of several streams as (index, output), as they come. Aborts what is
+        left if the consumer stops early (client disconnect)."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, stream: RequestStream) -> None:
+            try:
+                async for out in stream:
+                    await queue.put((index, out))
+                    if out.finished:
+                        self.record(stream, out)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+                await queue.put((index, exc))
+            await queue.put((index, None))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            remaining = len(streams)
+            while remaining:
+                index, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, EngineDeadError):
+                    raise GatewayError(ErrorKind.GENERATION, str(item)) from item
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for stream in streams:
+                if not stream.finished:
+                    self.metrics.requests_aborted.inc()
+                stream.abort()
+
+    # -- bookkeeping ---------------------------------------------------------------
+    def record(self, stream: RequestStream, last: RequestOutput) -> None:
+        """Metrics of one finished sequence."""
+        now = time.monotonic()
+        m = self.metrics
+        m.request_duration.observe(now - stream.arrival_time)
+        m.request_generated_tokens.observe(last.num_output_tokens)
+        m.prompt_tokens.inc(last.num_prompt_tokens)
+        m.generation_tokens.inc(last.num_output_tokens)
+        timings = self.timings(stream, last, stream.arrival_time)
+        m.request_queue_duration.observe(timings.queue)
+        m.request_inference_duration.observe(timings.inference)
+        if stream.first_token_time is not None:
+            m.time_to_first_token.observe(stream.first_token_time - stream.arrival_time)
+            if last.num_output_tokens > 1:
+                mean_itl = (now - stream.first_token_time) / (last.num_output_tokens - 1)
+                m.inter_token_latency.observe(mean_itl)
+        if last.num_output_tokens:
+            m.request_mean_time_per_token_duration.observe(timings.inference / last.num_output_tokens)
+
+    @staticmethod
+    def timings(stream: RequestStream, last: RequestOutput | None, received_at: float) -> Timings:
+        now = time.monotonic()
+        scheduled = (last.first_scheduled_time if last is not None else None) or stream.arrival_time
+        return Timings(validation=max(0.0, stream.arrival_time - received_at),
+                       queue=max(0.0, scheduled - stream.arrival_time),
+                       inference=max(0.0, now - scheduled), total=max(0.0, now - received_at))

@@ -1,0 +1,1 @@
+"""tgi dialect: schemas and routes."""
