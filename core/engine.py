@@ -12,7 +12,7 @@ from .kv import BlockPool, KVCacheManager
 from .loader import LoadedModel, load_model
 from .plugins import select_backend
 from .request import EngineCoreOutput, FinishReason, Request
-from .sampling import Sampler, SampleRow, make_generator
+from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 
@@ -59,6 +59,7 @@ class EngineCore:
                                self.loaded.eos_token_ids)
         self._generators: dict[str, torch.Generator] = {}
         self.last_scheduler_output: SchedulerOutput | None = None  # for step metrics
+        self._prompt_logprobs: dict[str, list] = {}  # request id -> scored prompt tokens so far
         logger.info("engine ready: backend=%s kv_blocks=%d (%d tokens)", self.backend.name, num_blocks,
                     self.info.max_batch_total_tokens)
 
@@ -75,6 +76,7 @@ class EngineCore:
     def finish_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         self.scheduler.finish_request(request_id, reason)
         self._generators.pop(request_id, None)
+        self._prompt_logprobs.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -85,6 +87,8 @@ class EngineCore:
         if scheduler_output.is_empty:
             return []
         logits, request_ids = self.runner.execute(scheduler_output)
+        if self.runner.last_prompt_logits:
+            self._score_prompt_chunks(scheduler_output)
         if not request_ids:
             self.scheduler.update(scheduler_output, {})
             return []
@@ -97,9 +101,28 @@ class EngineCore:
         return [
             EngineCoreOutput(rid, (token,), reasons.get(rid),
                              sampled.logprobs[i] if sampled.logprobs else None,
-                             tuple(sampled.top_logprobs[i]) if sampled.top_logprobs else None)
+                             tuple(sampled.top_logprobs[i]) if sampled.top_logprobs else None,
+                             self._take_prompt_logprobs(requests[i]))
             for i, (rid, token) in enumerate(zip(request_ids, sampled.token_ids))
         ]
+
+    def _score_prompt_chunks(self, scheduler_output: SchedulerOutput) -> None:
+        """Log-probabilities of the prompt tokens this step's positions predicted."""
+        starts = {s.request_id: s.num_computed_tokens for s in scheduler_output.scheduled}
+        for rid, logits in self.runner.last_prompt_logits.items():
+            request = self.scheduler.get_request(rid)
+            first = starts[rid] + 1
+            targets = request.prompt_token_ids[first:first + logits.shape[0]]
+            scored = prompt_token_logprobs(logits, targets, request.sampling_params.prompt_logprobs)
+            self._prompt_logprobs.setdefault(rid, []).extend(scored)
+        self.runner.last_prompt_logits = {}
+
+    def _take_prompt_logprobs(self, request: Request):
+        """With the first sampled token: one entry per prompt token, the first unscored."""
+        if request.sampling_params.prompt_logprobs is None or len(request.output_token_ids) != 1:
+            return None
+        scored = self._prompt_logprobs.pop(request.request_id, [])
+        return ((request.prompt_token_ids[0], None, ()),) + tuple(scored)
 
     def _sample_row(self, request: Request) -> SampleRow:
         params = request.sampling_params

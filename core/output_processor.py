@@ -53,5 +53,6 @@ class OutputProcessor:
                 num_prompt_tokens=state.request.num_prompt_tokens, num_output_tokens=state.num_output_tokens,
                 logprobs=None if out.logprob is None else (out.logprob,),
                 top_logprobs=None if out.top_logprobs is None else (out.top_logprobs,),
-                first_scheduled_time=state.request.first_scheduled_time))
+                first_scheduled_time=state.request.first_scheduled_time,
+                prompt_logprobs=out.prompt_logprobs))
         return results

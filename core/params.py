@@ -31,6 +31,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # top-n of each prompt token; None = no prompt logprobs
+    typical_p: float = 1.0  # locally typical sampling; 1.0 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
+    watermark: bool = False  # Kirchenbauer et al. green-list watermark (core/watermark.py)
 
     def __post_init__(self) -> None:
         # Accept a bare string or a list for `stop` like vLLM, store a tuple.
@@ -40,6 +44,10 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple((int(k), float(v)) for k, v in self.logit_bias.items()))
+        elif not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple((int(k), float(v)) for k, v in self.logit_bias))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self._validate()
@@ -60,6 +68,12 @@ class SamplingParams:
              "min_tokens must not exceed max_tokens"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings"),
             (self.logprobs is None or self.logprobs >= 0, "logprobs", "logprobs must be non-negative"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+             "prompt_logprobs must be non-negative"),
+            (0.0 < self.typical_p <= 1.0, "typical_p", "typical_p must be in (0, 1]"),
+            (all(-100.0 <= b <= 100.0 for _, b in self.logit_bias), "logit_bias",
+             "logit_bias values must be in [-100, 100]"),
+            (all(t >= 0 for t, _ in self.logit_bias), "logit_bias", "logit_bias keys must be token ids >= 0"),
         ]
         for ok, param, message in checks:
             if not ok:

@@ -82,6 +82,9 @@ class RequestOutput:
     logprobs: tuple[float, ...] | None = None  # of each new token
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     first_scheduled_time: float | None = None  # time.monotonic(); set on the finished output
+    # on the first output, when SamplingParams.prompt_logprobs is set: one entry per prompt
+    # token, (token id, logprob (None for the first token), top-n ((id, logprob), ...))
+    prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None
 
     @property
     def stop_reason(self) -> int | None:
@@ -100,3 +103,5 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] | None = None
+    # with the first token, when asked for: (token id, logprob or None for the first, top-n)
+    prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None

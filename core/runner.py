@@ -16,6 +16,8 @@ class StepInput:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [S] int64: last token of each request that samples
     sampling_request_ids: tuple[str, ...]  # the S requests, in the order of the logits rows
+    # (request id, first flat token index, count) of positions whose logits score prompt tokens
+    prompt_logits_spans: tuple[tuple[str, int, int], ...] = ()
 
 
 def order_for_attention(scheduled: tuple[ScheduledRequest, ...]) -> list[ScheduledRequest]:
@@ -34,6 +36,7 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     seq_lens: list[int] = []
     logits_indices: list[int] = []
     sampling_ids: list[str] = []
+    prompt_spans: list[tuple[str, int, int]] = []
     num_decodes = 0
     for s in ordered:
         n = len(s.token_ids)
@@ -45,6 +48,11 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         if s.samples:
             logits_indices.append(query_start_loc[-1] - 1)
             sampling_ids.append(s.request_id)
+        if s.computes_prompt_logprobs:
+            # position j scores token j + 1; the last position of a final chunk scores an output
+            count = n - 1 if s.samples else n
+            if count > 0:
+                prompt_spans.append((s.request_id, query_start_loc[-2], count))
     max_blocks = max(-(-length // block_size) for length in seq_lens)
     table = [list(s.block_ids[:max_blocks]) + [0] * (max_blocks - min(len(s.block_ids), max_blocks))
              for s in ordered]
@@ -71,6 +79,7 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         meta=meta,
         logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
         sampling_request_ids=tuple(sampling_ids),
+        prompt_logits_spans=tuple(prompt_spans),
     )
 
 
@@ -82,12 +91,17 @@ class ModelRunner:
         self.backend = backend
         self.kv_caches = kv_caches
         self.block_size = block_size
+        # request id -> float32 logits [n, vocab] of the positions that scored prompt
+        # tokens in the last step (see ScheduledRequest.computes_prompt_logprobs)
+        self.last_prompt_logits: dict[str, torch.Tensor] = {}
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
         """Returns float32 logits [S, vocab] of the requests that sample, and their ids."""
         step = build_step_input(scheduler_output, self.block_size, self.backend.device)
         hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        self.last_prompt_logits = {rid: self.model.compute_logits(hidden[start:start + count])
+                                   for rid, start, count in step.prompt_logits_spans}
         if not step.sampling_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32), ()
         logits = self.model.compute_logits(hidden[step.logits_indices])

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .params import SamplingParams
+from .watermark import apply_watermark
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledTokens:
         raw_logits = logits
         logits = apply_penalties(logits, rows)
+        logits = apply_bias_and_watermark(logits, rows)
         greedy = [r.params.greedy for r in rows]
         token_ids = logits.argmax(dim=-1)
         if not all(greedy):
@@ -80,6 +82,23 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     return logits
 
 
+def apply_bias_and_watermark(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """OpenAI's logit_bias (added to the logits) and TGI's watermark, one scatter each."""
+    biased = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias if t < logits.shape[-1]]
+    marked = [i for i, r in enumerate(rows) if r.params.watermark]
+    if not biased and not marked:
+        return logits
+    logits = logits.clone()
+    if biased:
+        index = torch.tensor([(i, t) for i, t, _ in biased], device=logits.device).T
+        values = torch.tensor([b for _, _, b in biased], device=logits.device, dtype=logits.dtype)
+        logits.index_put_((index[0], index[1]), values, accumulate=True)
+    if marked:
+        previous = [(rows[i].output_token_ids or rows[i].prompt_token_ids)[-1] for i in marked]
+        apply_watermark(logits, marked, previous)
+    return logits
+
+
 def _has_penalty(params: SamplingParams) -> bool:
     return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0)
@@ -95,6 +114,9 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     min_p = [p.min_p for p in params]
     if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
         logits = _top_k_top_p(logits, top_k, top_p)
+    typical_p = [p.typical_p for p in params]
+    if any(t < 1.0 for t in typical_p):
+        logits = _typical(logits, typical_p)
     probs = torch.softmax(logits, dim=-1)
     if any(m > 0.0 for m in min_p):
         min_p_t = torch.tensor(min_p, device=device).unsqueeze(1)
@@ -115,6 +137,22 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     drop |= cumulative_before >= p  # keep the smallest prefix whose mass reaches p (always >= 1 token)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
+
+
+def _typical(logits: torch.Tensor, typical_p: list[float]) -> torch.Tensor:
+    """Locally typical sampling (Meister et al.): keep the tokens whose surprisal is
+    closest to the entropy until their mass reaches typical_p (rows at 1.0 untouched)."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1, keepdim=True)
+    distance = (-log_probs - entropy).abs()
+    sorted_distance, order = distance.sort(dim=-1)
+    sorted_probs = probs.gather(-1, order)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    mass = torch.tensor(typical_p, device=logits.device, dtype=probs.dtype).unsqueeze(1)
+    drop_sorted = (mass_before >= mass) & (mass < 1.0)
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def _sample(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
@@ -140,3 +178,18 @@ def _with_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, token_list
         n = r.params.logprobs or 0
         tops.append(list(zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist())) if n else [])
     return SampledTokens(token_list, chosen, tops)
+
+
+def prompt_token_logprobs(logits: torch.Tensor, target_ids: list[int], num_top: int
+                          ) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    """(token id, its log-probability, top-n (id, logprob)) for each target, scored by
+    the logits row before it."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor(target_ids, dtype=torch.long, device=logits.device)
+    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    if num_top:
+        top_values, top_ids = logprobs.topk(num_top, dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(top_ids.tolist(), top_values.tolist())]
+    else:
+        tops = [()] * len(target_ids)
+    return list(zip(target_ids, chosen, tops))

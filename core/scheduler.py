@@ -107,6 +107,9 @@ class Scheduler:
             num_computed_tokens=start,
             block_ids=tuple(request.block_ids),
             samples=stop == request.num_tokens,
+            computes_prompt_logprobs=(request.sampling_params.prompt_logprobs is not None
+                                      and not request.output_token_ids
+                                      and start < request.num_prompt_tokens - 1),
         )
 
     def _preempt(self, request: Request) -> None:

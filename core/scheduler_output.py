@@ -11,6 +11,9 @@ class ScheduledRequest:
     num_computed_tokens: int  # position of token_ids[0] in the request
     block_ids: tuple[int, ...]  # every KV block of the request, after this step's allocation
     samples: bool  # this step reaches the request's last token, so it produces one
+    # Its positions predict prompt tokens whose log-probabilities were asked for
+    # (SamplingParams.prompt_logprobs): the runner returns their logits too.
+    computes_prompt_logprobs: bool = False
 
     @property
     def num_new_tokens(self) -> int:

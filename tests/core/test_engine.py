@@ -110,3 +110,30 @@ def test_offline_api_rejects_a_bad_batch_whole(tiny_model_dir):
         llm.generate([[1, 2, 3], list(range(1, 60))], GREEDY)  # the second can never fit
     assert not llm.engine.has_unfinished_requests()
     assert llm.generate([[1, 2, 3]], GREEDY)[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("budget", [2048, 5])  # one prefill, or prompts split over several chunks
+def test_prompt_logprobs_match_a_full_forward_of_transformers(tiny_model_dir, budget):
+    from transformers import LlamaForCausalLM
+
+    engine = make_engine(tiny_model_dir, budget=budget)
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(Request(f"r{i}", list(prompt), params))
+    firsts = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.prompt_logprobs is not None:
+                assert out.request_id not in firsts  # only with the first token
+                firsts[out.request_id] = out.prompt_logprobs
+    hf = LlamaForCausalLM.from_pretrained(tiny_model_dir).eval()
+    for i, prompt in enumerate(PROMPTS):
+        scored = firsts[f"r{i}"]
+        assert [s[0] for s in scored] == prompt
+        assert scored[0][1] is None and scored[0][2] == ()
+        with torch.no_grad():
+            expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+        for j in range(1, len(prompt)):
+            token, logprob, top = scored[j]
+            assert logprob == pytest.approx(expected[j - 1, token].item(), abs=1e-4)
+            assert [t for t, _ in top] == expected[j - 1].topk(3).indices.tolist()

@@ -84,3 +84,41 @@ def test_logprobs_and_top_logprobs():
     assert abs(result.logprobs[0] - expected[0].max().item()) < 1e-5
     assert [t for t, _ in result.top_logprobs[0]] == expected[0].topk(3).indices.tolist()
     assert result.top_logprobs[1] == []
+
+
+def test_logit_bias_forces_and_bans_tokens_per_row():
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 7] = 5.0
+    rows = [_row(SamplingParams(temperature=0.0, logit_bias={3: 100.0}), "a"),
+            _row(SamplingParams(temperature=0.0, logit_bias={7: -100.0, 9: 1.0}), "b"),
+            _row(SamplingParams(temperature=0.0), "c")]
+    assert Sampler()(logits, rows).token_ids == [3, 9, 7]
+    assert SamplingParams(logit_bias=[(1, 2.0)]).logit_bias == ((1, 2.0),)
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy():
+    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    params = [SamplingParams(typical_p=0.5), SamplingParams(typical_p=1.0)]
+    kept = _filtered_probs(probs.log().repeat(2, 1), params) > 0
+    # entropy = 1.28 nats; surprisals 0.92, 1.20, 1.61, 2.30: nearest are token 1 (0.3), then
+    # token 2 (0.2), which reach 0.5
+    assert kept[0].tolist() == [False, True, True, False]
+    assert kept[1].all()
+
+
+def test_watermark_biases_towards_the_green_list_and_is_detectable():
+    from switchyard.core.watermark import detect
+
+    vocab = 1000
+    torch.manual_seed(0)
+    marked, plain = [5], [5]
+    generators = [make_generator(1, torch.device("cpu")), make_generator(2, torch.device("cpu"))]
+    for step in range(200):
+        logits = torch.randn(2, vocab)
+        rows = [SampleRow("m", SamplingParams(temperature=1.0, watermark=True), generators[0], [1], marked),
+                SampleRow("p", SamplingParams(temperature=1.0), generators[1], [1], plain)]
+        tokens = Sampler()(logits, rows).token_ids
+        marked.append(tokens[0])
+        plain.append(tokens[1])
+    assert detect(marked, vocab) > 4.0
+    assert abs(detect(plain, vocab)) < 3.0
