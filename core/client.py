@@ -101,6 +101,14 @@ class EngineClient(ABC):
     def num_unfinished(self) -> int:
         return 0
 
+    def start(self) -> None:
+        """Begin loading the model (returns at once)."""
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Until ready; raises the start-up error if loading failed."""
+
+    async def shutdown(self, timeout: float = 10.0) -> None: ...
+
 
 _ADD, _ABORT, _STOP = "add", "abort", "stop"
 

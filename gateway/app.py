@@ -3,9 +3,12 @@
 The dialects' routes live in gateway/openai and gateway/tgi."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
+import os
+import signal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,13 +35,13 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if hasattr(client, "start"):
-            client.start()
+        client.start()
+        watcher = asyncio.create_task(_exit_if_start_fails(client))
         try:
             yield
         finally:
-            if hasattr(client, "shutdown"):
-                await client.shutdown()
+            watcher.cancel()
+            await client.shutdown()
 
     app = FastAPI(title="Switchyard", version=settings.version, lifespan=lifespan)
     app.state.settings = settings
@@ -56,6 +59,20 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(tgi_router)
     return app
+
+
+async def _exit_if_start_fails(client: EngineClient) -> None:
+    """The server answers /health with 503 while the model loads; if loading fails,
+    it stops (as on SIGTERM) and `switchyard serve` exits non-zero."""
+    try:
+        await client.wait_ready()
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - logged, then the process stops
+        logger.error("the engine failed to start: %s", exc)
+        os.kill(os.getpid(), signal.SIGTERM)
+    else:
+        logger.info("ready: serving %s", client.info.backend if client.info else "")
 
 
 def require_api_key(request: Request) -> None:

@@ -1,0 +1,149 @@
+"""Load through the HTTP gateway: streaming clients at concurrency 1, 8, 32, 64
+against a live `switchyard serve`, next to the offline API on the same workload.
+
+    python benchmarks/http_load.py [--dtype bfloat16] [--new-tokens 128] [--rounds 2]
+
+Prints, per concurrency: output tokens/s, time to first token and inter-token
+latency (p50/p99); then the HTTP/offline throughput ratio at concurrency 32 (the
+gateway must not be the bottleneck: aim >= 0.9). Each client sends `rounds`
+requests back to back (/v1/completions, stream, usage chunk, EOS ignored).
+The offline run uses LLM(max_num_seqs=32) on the same 32 * rounds prompts.
+Run it alone: the clients, the server and the offline run share the 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from offline_throughput import make_prompts  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def one_request(session, url: str, prompt: str, new_tokens: int) -> tuple[float, list[float], int]:
+    body = {"model": "default", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    tokens = 0
+    async with session.post(url + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices"):
+                arrivals.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    ttft = arrivals[0] - start
+    itl = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    return ttft, itl, tokens
+
+
+async def load(url: str, concurrency: int, rounds: int, new_tokens: int) -> dict:
+    import aiohttp
+
+    prompts = make_prompts(concurrency * rounds)
+    ttfts, itls, total_tokens = [], [], 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        async def client(index: int):
+            nonlocal total_tokens
+            for r in range(rounds):
+                ttft, itl, tokens = await one_request(session, url, prompts[index * rounds + r], new_tokens)
+                ttfts.append(ttft)
+                itls.extend(itl)
+                total_tokens += tokens
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    assert total_tokens == concurrency * rounds * new_tokens, total_tokens
+    return {"tok_s": total_tokens / elapsed, "ttft": ttfts, "itl": itls}
+
+
+def offline(args) -> float:
+    from switchyard.core import LLM, SamplingParams
+
+    llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=32, num_kv_blocks=args.kv_blocks)
+    llm.generate(make_prompts(2), SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    results = llm.generate(make_prompts(32 * args.rounds), params)
+    elapsed = time.perf_counter() - start
+    return sum(len(r.token_ids) for r in results) / elapsed
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), "--dtype", args.dtype,
+           "--num-kv-blocks", str(args.kv_blocks), "--max-batch-size", "64"]
+    if args.model:
+        cmd += ["--model-id", args.model]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(3000):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kv-blocks", type=int, default=2048)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    args = parser.parse_args()
+
+    offline_tok_s = offline(args)
+    print(f"offline API, 32 running, {32 * args.rounds} requests: {offline_tok_s:8.1f} tok/s", flush=True)
+    proc, url = start_server(args)
+    results = {}
+    try:
+        asyncio.run(load(url, 2, 1, 8))  # warm-up
+        print(f"{'conc':>5} {'tok/s':>9} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>9} {'ITL p99':>9}")
+        for c in args.concurrency:
+            r = asyncio.run(load(url, c, args.rounds, args.new_tokens))
+            results[c] = r
+            print(f"{c:>5} {r['tok_s']:>9.1f} {percentile(r['ttft'], .5) * 1e3:>8.0f}ms "
+                  f"{percentile(r['ttft'], .99) * 1e3:>8.0f}ms {percentile(r['itl'], .5) * 1e3:>7.1f}ms "
+                  f"{percentile(r['itl'], .99) * 1e3:>7.1f}ms", flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    if 32 in results:
+        ratio = results[32]["tok_s"] / offline_tok_s
+        print(f"HTTP / offline throughput at concurrency 32: {ratio:.2f} (aim >= 0.90)")
+    print(f"mean ITL over all runs: {statistics.fmean(i for r in results.values() for i in r['itl']) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""`switchyard serve` as a user runs it: a real process, real signals."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from switchyard.core.client import EngineClient
+from switchyard.gateway.app import create_app
+from switchyard.gateway.settings import ServerSettings
+
+
+class _LoadingClient(EngineClient):
+    """An engine client whose model never finishes loading."""
+
+    tokenizer = None
+    info = None
+
+    async def add_request(self, request):
+        raise AssertionError("not ready")
+
+    def abort(self, request_id):
+        pass
+
+    @property
+    def ready(self):
+        return False
+
+
+def test_health_is_503_until_the_model_is_ready_and_generation_is_refused():
+    app = create_app(ServerSettings(model_id="m"), _LoadingClient())
+    client = TestClient(app)  # no lifespan: the client stays "loading"
+    response = client.get("/health")
+    assert response.status_code == 503
+    assert response.json() == {"error": "unhealthy", "error_type": "healthcheck"}
+    assert client.get("/metrics").status_code == 200
+    assert client.post("/generate", json={"inputs": "hi"}).status_code == 503
+    response = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+    assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*flags: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 240) -> list[int]:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            status = httpx.get(url + "/health", timeout=2).status_code
+            seen.append(status)
+            if status == 200:
+                return seen
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("server never became healthy")
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests_then_exits(tmp_path):
+    proc, url = _start("--json-output", "--max-batch-total-tokens", "4096")
+    try:
+        seen = _wait_healthy(proc, url)
+        assert set(seen) <= {503, 200}
+        events, errors = [], []
+
+        def stream():
+            try:
+                body = {"inputs": "Count from one to fifty:", "parameters": {"max_new_tokens": 40,
+                                                                            "details": True}}
+                with httpx.stream("POST", url + "/generate_stream", json=body, timeout=120) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data:"):
+                            events.append(json.loads(line[5:]))
+            except Exception as exc:  # noqa: BLE001 - checked below
+                errors.append(exc)
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        while not events and thread.is_alive():
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.TransportError):  # no new connections once draining
+            httpx.post(url + "/generate", json={"inputs": "hi"}, timeout=5)
+        thread.join(120)
+        assert not errors
+        assert events[-1]["generated_text"] is not None  # the in-flight stream finished
+        assert events[-1]["details"]["generated_tokens"] == len(events) == 40
+        assert proc.wait(60) == 0
+        logs = [line for line in proc.stdout.read().splitlines() if line.strip()]
+        parsed = [json.loads(line) for line in logs if line.startswith("{")]
+        assert parsed and len(parsed) >= len(logs) - 2  # JSON lines (a progress bar is not a tty here)
+        assert {"timestamp", "level", "target", "message"} <= set(parsed[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_an_unknown_model_is_a_one_line_error_before_serving():
+    proc, _ = _start("--model-id", "no/such-model-anywhere")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "no/such-model-anywhere" in out and "Traceback" not in out
