@@ -1,0 +1,14 @@
+"""Triton kernels of the CUDA backend (ROCm's Triton builds them too): KV write,
+paged attention, fused RMSNorm / rotary / SiLU-and-mul.
+
+Importing this package imports triton; the CUDA backend imports it only when it
+builds a kernel, so plugin discovery works on machines without triton. On a CPU
+the kernels run under Triton's interpreter: triton reads TRITON_INTERPRET when a
+kernel is defined, i.e. when this package is first imported.
+"""
+from .fused import apply_rotary, rms_norm, silu_and_mul
+from .kv_write import write_kv
+from .paged_attention import MAX_KV_SPLITS, TileShape, choose_num_kv_splits, paged_attention, tile_shape
+
+__all__ = ["MAX_KV_SPLITS", "TileShape", "apply_rotary", "choose_num_kv_splits", "paged_attention", "rms_norm",
+           "silu_and_mul", "tile_shape", "write_kv"]
