@@ -28,6 +28,8 @@ class Completion:
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None
     num_prompt_tokens: int
     stop_reason: int | None  # the stop token id that ended it
+    # (token id, logprob or None for the first, top-n) per prompt token, when asked for
+    prompt_logprobs: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,11 @@ class GenerationService:
         token_ids: list[int] = []
         logprobs: list[float] = []
         top: list = []
+        prompt_logprobs = None
         try:
             async for out in stream:
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs = out.prompt_logprobs
                 pieces.append(out.new_text)
                 token_ids.extend(out.new_token_ids)
                 logprobs.extend(out.logprobs or ())
@@ -177,7 +182,7 @@ class GenerationService:
         return Completion("".join(pieces), tuple(token_ids), last.finish_reason,
                           tuple(logprobs) if last.logprobs is not None else None,
                           tuple(top) if last.top_logprobs is not None else None,
-                          last.num_prompt_tokens, last.stop_reason)
+                          last.num_prompt_tokens, last.stop_reason, prompt_logprobs)
 
     async def collect_all(self, streams: list[RequestStream]) -> list[Completion]:
         try:

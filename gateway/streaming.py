@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 
@@ -48,7 +48,31 @@ def sse_data(payload: dict | str, dialect: str = "openai") -> str:
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse_response(events: AsyncIterator[str], headers: dict[str, str] | None = None) -> StreamingResponse:
+def sse_response(events: AsyncIterator[str], headers: dict[str, str] | None = None,
+                 on_close: Callable[[], None] | None = None) -> StreamingResponse:
     """Starlette cancels `events` when the client disconnects; the generator's
-    `finally` must abort its engine requests."""
-    return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})})
+    `finally` must abort its engine requests. `on_close` runs however the response
+    ends, even if the generator never started (client gone before the first byte)."""
+    return _ClosingStreamingResponse(events, media_type="text/event-stream",
+                                     headers={**SSE_HEADERS, **(headers or {})}, on_close=on_close)
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Closes the event generator (running its `finally`) and calls `on_close` when the
+    response ends: finished, cancelled by a disconnect, or failed to send."""
+
+    def __init__(self, *args, on_close: Callable[[], None] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            try:
+                if aclose is not None:
+                    await aclose()
+            finally:
+                if self._on_close is not None:
+                    self._on_close()

@@ -1,4 +1,52 @@
-"""Routes of this dialect (being written)."""
-from fastapi import APIRouter
+"""Routes of the OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/models.
 
-router = APIRouter()
+All of them take the API key (the OpenAI SDK always sends it). Errors are rendered
+by the app in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+
+from ..app import require_api_key
+from ..errors import ErrorKind, GatewayError
+from .chat import create_chat_completion
+from .common import served_model_names
+from .completions import create_completion
+from .schemas import ChatCompletionRequest, CompletionRequest
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+_STARTED = int(time.time())
+
+
+@router.post("/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, http_request: Request):
+    return await create_chat_completion(req, http_request)
+
+
+@router.post("/completions")
+async def completions(req: CompletionRequest, http_request: Request):
+    return await create_completion(req, http_request)
+
+
+@router.get("/models")
+async def list_models(http_request: Request) -> dict:
+    return {"object": "list", "data": _model_cards(http_request)}
+
+
+@router.get("/models/{model_id:path}")
+async def retrieve_model(model_id: str, http_request: Request) -> dict:
+    for card in _model_cards(http_request):
+        if card["id"] == model_id:
+            return card
+    raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{model_id}` does not exist", "model")
+
+
+def _model_cards(http_request: Request) -> list[dict]:
+    service = http_request.app.state.service
+    settings = service.settings
+    info = service.client.info
+    max_model_len = service.limits.max_total_tokens if info is not None else None
+    return [{"id": name, "object": "model", "created": _STARTED, "owned_by": "switchyard",
+             "root": settings.model_id, "parent": None, "max_model_len": max_model_len}
+            for name in served_model_names(settings)]

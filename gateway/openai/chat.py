@@ -1,0 +1,114 @@
+"""POST /v1/chat/completions: one prompt (the rendered conversation), n choices.
+
+A choice is built by `_message` / `ChatChunks._deltas`; tool calls (finish_reason
+"tool_calls") will be parsed there once grammar-constrained decoding lands."""
+from __future__ import annotations
+
+from fastapi import Request
+
+from switchyard.core.request import RequestOutput
+
+from ..errors import SafeJSONResponse
+from .common import (ChunkBuilder, ResponseMeta, admitted, collect_unless_disconnected, openai_stream,
+                     resolve_model, usage)
+from .logprobs import TokenStrings, chat_logprob_entries, token_strings
+from .messages import chat_prompt_ids
+from .params import EnginePlan, chat_plan
+from .schemas import ChatCompletionRequest
+
+
+async def create_chat_completion(req: ChatCompletionRequest, http_request: Request):
+    service = http_request.app.state.service
+
+    async def prepare():
+        model = resolve_model(req.model, service.settings)
+        plan = chat_plan(req, service.settings, len(service.tokenizer))
+        prompt_ids = chat_prompt_ids(service, req)
+        params = plan.sequence_params(service, len(prompt_ids), "messages")
+        streams = await service.submit_all([(prompt_ids, p) for p in params])
+        return model, plan, prompt_ids, streams
+
+    admission, (model, plan, prompt_ids, streams) = await admitted(service, prepare)
+    meta = ResponseMeta.new("chatcmpl", "chat.completion", model, service)
+    strings = token_strings(service.tokenizer)
+    if req.stream:
+        options = req.stream_options
+        chunks = ChatChunks(meta, strings, plan, len(prompt_ids),
+                            include_usage=bool(options and options.include_usage),
+                            continuous_usage=bool(options and options.continuous_usage_stats))
+        return openai_stream(service, admission, streams, chunks, meta.id)
+    try:
+        completions = await collect_unless_disconnected(service, streams, http_request)
+    except BaseException as exc:
+        admission.release(exc)
+        raise
+    admission.release()
+    choices = [_choice(i, c, strings, plan) for i, c in enumerate(completions)]
+    extra = {"service_tier": "default"} if req.service_tier is not None else {}
+    body = meta.body(choices, usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in completions)), **extra)
+    return SafeJSONResponse(body, headers={"x-request-id": meta.id})
+
+
+def _choice(index: int, completion, strings: TokenStrings, plan: EnginePlan) -> dict:
+    logprobs = None
+    if plan.params.logprobs is not None:
+        logprobs = {"content": chat_logprob_entries(strings, completion.token_ids, completion.logprobs or (),
+                                                    completion.top_logprobs),
+                    "refusal": None}
+    return {"index": index, "message": _message(completion.text), "logprobs": logprobs,
+            "finish_reason": completion.finish_reason.openai}
+
+
+def _message(text: str) -> dict:
+    return {"role": "assistant", "content": text, "refusal": None}
+
+
+class ChatChunks(ChunkBuilder):
+    """`chat.completion.chunk` payloads: per choice a role delta, content deltas (with
+    their tokens' log-probabilities), a finish chunk; then the usage chunk if asked."""
+
+    def __init__(self, meta: ResponseMeta, strings: TokenStrings, plan: EnginePlan, num_prompt_tokens: int,
+                 include_usage: bool, continuous_usage: bool):
+        self._meta = ResponseMeta(meta.id, "chat.completion.chunk", meta.created, meta.model,
+                                  meta.system_fingerprint)
+        self._strings = strings
+        self._want_logprobs = plan.params.logprobs is not None
+        self._num_prompt_tokens = num_prompt_tokens
+        self._include_usage = include_usage or continuous_usage
+        self._continuous_usage = continuous_usage
+        self._started: set[int] = set()
+        self._num_output_tokens: dict[int, int] = {}
+
+    def on_output(self, index: int, out: RequestOutput) -> list[dict]:
+        self._num_output_tokens[index] = out.num_output_tokens
+        chunks = []
+        if index not in self._started:
+            self._started.add(index)
+            chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
+        if out.new_text or (self._want_logprobs and out.new_token_ids):
+            chunks.append(self._chunk(index, {"content": out.new_text}, self._logprobs(out)))
+        if out.finished:
+            chunks.append(self._chunk(index, {}, finish_reason=out.finish_reason.openai))
+        return chunks
+
+    def tail(self) -> list[dict]:
+        if not self._include_usage:
+            return []
+        return [self._meta.body([], usage=self._usage())]
+
+    def _logprobs(self, out: RequestOutput) -> dict | None:
+        if not self._want_logprobs:
+            return None
+        return {"content": chat_logprob_entries(self._strings, out.new_token_ids, out.logprobs or (),
+                                                out.top_logprobs),
+                "refusal": None}
+
+    def _usage(self) -> dict:
+        return usage(self._num_prompt_tokens, sum(self._num_output_tokens.values()))
+
+    def _chunk(self, index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None):
+        extra = {}
+        if self._include_usage:
+            extra["usage"] = self._usage() if self._continuous_usage else None
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return self._meta.body([choice], **extra)

@@ -1,0 +1,77 @@
+"""Chat messages -> the chat template's input, and the rendered prompt's token ids."""
+from __future__ import annotations
+
+import json
+
+from .params import invalid
+from .schemas import ChatCompletionRequest, ChatMessage, ContentPart
+
+_TEXT_PARTS = ("text", "input_text", "refusal")
+_RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tools", "documents", "chat_template",
+                             "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
+                             "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs"}
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as chat templates expect them: string content, `developer` as `system`,
+    the deprecated `function` role as `tool`, tool calls with parsed arguments."""
+    if not messages:
+        raise invalid("messages must not be empty", "messages")
+    return [_template_message(i, m) for i, m in enumerate(messages)]
+
+
+def _template_message(index: int, message: ChatMessage) -> dict:
+    param = f"messages.{index}"
+    if message.audio is not None or message.function_call is not None:
+        raise invalid("audio and function_call in messages are not supported", param)
+    role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
+    out: dict = {"role": role, "content": _content_text(message.content, param)}
+    if message.refusal and not out["content"]:
+        out["content"] = message.refusal
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": call.id, "type": "function",
+                              "function": {"name": call.function.name,
+                                           "arguments": _arguments(call.function.arguments, param)}}
+                             for call in message.tool_calls]
+    return out
+
+
+def _content_text(content: str | list[ContentPart] | None, param: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    pieces = []
+    for part in content:
+        if part.type not in _TEXT_PARTS:
+            raise invalid(f"content parts of type {part.type!r} are not supported: this model reads text only",
+                          f"{param}.content")
+        pieces.append(part.text if part.type != "refusal" else part.refusal or "")
+    return "".join(p or "" for p in pieces)
+
+
+def _arguments(arguments: str | dict, param: str) -> dict:
+    """Templates expect tool-call arguments as a mapping; OpenAI sends a JSON string."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise invalid(f"tool call arguments are not valid JSON: {exc}", f"{param}.tool_calls") from exc
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+def chat_prompt_ids(service, req: ChatCompletionRequest) -> list[int]:
+    """Render the chat template and tokenize it (the template adds the special tokens)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise invalid(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
+    tools = req.tools or req.functions
+    if tools:  # only with tool_choice "none" (params.py rejects the rest): rendered, not called
+        kwargs["tools"] = [t if "function" in t else {"type": "function", "function": t} for t in tools]
+    text = service.render_chat(template_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
+                               **kwargs)
+    return service.encode(text, add_special_tokens=False)

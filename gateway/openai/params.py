@@ -1,0 +1,202 @@
+"""OpenAI request -> what the engine is asked for, in one place.
+
+Every field is either honoured here (mapped onto `SamplingParams`) or rejected with
+a 400 naming it; none is dropped silently. Structured output (`response_format`
+json_schema/json_object, tools) will turn into a `GrammarSpec` here: `EnginePlan`
+has its slot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from switchyard.core.params import SamplingParams, ValidationError
+
+from ..errors import ErrorKind, GatewayError
+from ..settings import ServerSettings
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+_MAX_SEED = 2**63 - 1024  # room for seed + i of the n sequences
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What one HTTP request asks of the engine, per prompt."""
+
+    params: SamplingParams  # of one sequence (n=1); max_tokens filled in per prompt
+    max_tokens: int | None  # as asked; None: the default below, else all the context left
+    default_max_tokens: int | None
+    num_choices: int  # n
+    num_sequences: int  # generated per prompt: best_of (>= n)
+    discard_output: bool = False  # completions echo with max_tokens 0: score the prompt only
+    grammar: object | None = None  # GrammarSpec, once structured output lands
+
+    def sequence_params(self, service, num_prompt_tokens: int, param: str) -> list[SamplingParams]:
+        """The params of each sequence for a prompt of this length (lengths checked;
+        seed + i per sequence so that samples differ)."""
+        if self.max_tokens is None and self.default_max_tokens is not None:
+            room = service.check_lengths(num_prompt_tokens, None, param)
+            max_tokens = min(self.default_max_tokens, room)
+        else:
+            max_tokens = service.check_lengths(num_prompt_tokens, self.max_tokens, param)
+        base = replace(self.params, max_tokens=max_tokens)
+        if base.seed is None:
+            return [base] * self.num_sequences
+        return [replace(base, seed=base.seed + i) for i in range(self.num_sequences)]
+
+
+def invalid(message: str, param: str | None, kind: ErrorKind = ErrorKind.VALIDATION) -> GatewayError:
+    return GatewayError(kind, message, param)
+
+
+# -- chat ---------------------------------------------------------------------------------------
+def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: int) -> EnginePlan:
+    _reject_unsupported_extras(req)
+    _reject_unsupported_chat(req)
+    if req.top_logprobs and not req.logprobs:
+        raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, param)
+    n = req.n or 1
+    return EnginePlan(params, max_tokens, None, n, n)
+
+
+def _reject_unsupported_chat(req: ChatCompletionRequest) -> None:
+    _check_tools(req.tools, req.tool_choice, "tools", "tool_choice")
+    _check_tools(req.functions, req.function_call, "functions", "function_call")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise invalid(f"response_format of type {req.response_format.type!r} is not supported yet "
+                      f"(structured output is coming); only {{'type': 'text'}} is", "response_format")
+    if req.reasoning_effort not in (None, "none"):
+        raise invalid("reasoning_effort is not supported: this model does not reason", "reasoning_effort")
+    if req.modalities not in (None, ["text"]):
+        raise invalid("only the text modality is supported", "modalities")
+    if req.store:
+        raise invalid("store is not supported: completions are not kept", "store")
+    unsupported = {
+        "verbosity": "verbosity is not supported by this model",
+        "audio": "audio output is not supported",
+        "web_search_options": "web search is not supported",
+        "moderation": "moderation is not supported",
+        "chat_template": "a chat template from the request is not accepted",
+        "documents": "documents are not supported",
+    }
+    for name, message in unsupported.items():
+        if getattr(req, name) is not None:
+            raise invalid(message, name)
+    if req.echo:
+        raise invalid("echo is not supported on chat completions", "echo")
+    if req.continue_final_message:
+        raise invalid("continue_final_message is not supported yet", "continue_final_message")
+
+
+def _check_tools(tools: list[dict] | None, choice, tools_param: str, choice_param: str) -> None:
+    """Tools are rendered into the prompt only with choice "none" (the model answers in
+    text); calling them needs grammar-constrained decoding, which is not there yet."""
+    if tools is not None and not tools:
+        raise invalid(f"{tools_param} must not be empty", tools_param)
+    if choice in (None, "none"):
+        if tools and any(t.get("type", "function") != "function" for t in tools):
+            raise invalid("only tools of type 'function' are supported", tools_param)
+        if tools is None or choice == "none":
+            return
+    if not tools:
+        raise invalid(f"{choice_param} needs {tools_param}", choice_param)
+    raise invalid(f"tool calling is not supported yet: send {choice_param}='none' to render the "
+                  f"{tools_param} into the prompt and get a text answer", choice_param, ErrorKind.TOOL)
+
+
+# -- completions ----------------------------------------------------------------------------------
+def completion_plan(req: CompletionRequest, settings: ServerSettings, vocab_size: int) -> EnginePlan:
+    _reject_unsupported_extras(req)
+    if req.suffix:
+        raise invalid("suffix is not supported by this model", "suffix")
+    if req.prompt_logprobs is not None:
+        raise invalid("prompt_logprobs is not supported; use echo with logprobs", "prompt_logprobs")
+    n = req.n or 1
+    best_of = req.best_of or n
+    if best_of < n:
+        raise invalid(f"best_of ({best_of}) must be at least n ({n})", "best_of")
+    if best_of > n and req.stream:
+        raise invalid("best_of cannot be used with stream", "best_of")
+    discard = req.max_tokens == 0
+    if discard and not req.echo:
+        raise invalid("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
+    # best_of ranks sequences by their log-probability, so it needs them
+    logprobs = req.logprobs if req.logprobs is not None else (0 if best_of > n else None)
+    max_tokens = 1 if discard else req.max_tokens
+    params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, "max_tokens")
+    if req.echo and req.logprobs is not None:
+        params = replace(params, prompt_logprobs=req.logprobs)
+    return EnginePlan(params, max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, n, best_of, discard_output=discard)
+
+
+# -- shared -----------------------------------------------------------------------------------------
+def _reject_unsupported_extras(req: SamplingFields) -> None:
+    if req.use_beam_search:
+        raise invalid("beam search is not supported", "use_beam_search")
+    if req.length_penalty not in (None, 1.0):
+        raise invalid("length_penalty is not supported (it applies to beam search)", "length_penalty")
+    if req.allowed_token_ids:
+        raise invalid("allowed_token_ids is not supported yet", "allowed_token_ids")
+    if req.bad_words:
+        raise invalid("bad_words is not supported yet", "bad_words")
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+        if getattr(req, name) is not None:
+            raise invalid(f"{name} is not supported yet (structured output is coming)", name)
+    if not req.spaces_between_special_tokens:
+        raise invalid("spaces_between_special_tokens=false is not supported", "spaces_between_special_tokens")
+
+
+def _sampling_params(req: SamplingFields, settings: ServerSettings, vocab_size: int, max_tokens: int | None,
+                     logprobs: int | None, max_tokens_param: str) -> SamplingParams:
+    temperature = _default(req.temperature, 1.0)
+    top_p = _default(req.top_p, 1.0)
+    if top_p == 0.0:  # nucleus of probability 0 keeps only the most likely token: greedy
+        temperature, top_p = 0.0, 1.0
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or ())
+    if len(stop) > settings.max_stop_sequences:
+        raise invalid(f"stop supports up to {settings.max_stop_sequences} sequences. Given: {len(stop)}", "stop")
+    if req.seed is not None and abs(req.seed) > _MAX_SEED:
+        raise invalid(f"seed must be between {-_MAX_SEED} and {_MAX_SEED}", "seed")
+    try:
+        return SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, top_k=_default(req.top_k, 0),
+            min_p=_default(req.min_p, 0.0), repetition_penalty=_default(req.repetition_penalty, 1.0),
+            presence_penalty=_default(req.presence_penalty, 0.0),
+            frequency_penalty=_default(req.frequency_penalty, 0.0), max_tokens=max_tokens,
+            min_tokens=_default(req.min_tokens, 0), seed=req.seed, stop=tuple(stop),
+            stop_token_ids=tuple(check_token_ids(req.stop_token_ids or (), vocab_size, "stop_token_ids")),
+            ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens, logprobs=logprobs,
+            typical_p=_default(req.typical_p, 1.0), logit_bias=_logit_bias(req.logit_bias, vocab_size))
+    except ValidationError as exc:
+        param = max_tokens_param if exc.param == "max_tokens" else exc.param
+        raise invalid(str(exc), param) from exc
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+def check_token_ids(ids, vocab_size: int, param: str) -> list[int]:
+    for token_id in ids:
+        if not 0 <= token_id < vocab_size:
+            raise invalid(f"token id {token_id} is outside the vocabulary (0..{vocab_size - 1})", param)
+    return list(ids)
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise invalid(f"logit_bias keys must be token ids; got {key!r}", "logit_bias") from None
+        check_token_ids((token_id,), vocab_size, "logit_bias")
+        pairs.append((token_id, float(value)))
+    return tuple(pairs)

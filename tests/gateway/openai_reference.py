@@ -1,0 +1,50 @@
+"""What the engine itself answers, bypassing HTTP: the reference the OpenAI-dialect
+tests compare the server's answers with."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+
+from switchyard.core.params import SamplingParams
+from switchyard.core.request import Request
+
+MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Generated:
+    prompt_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def generate(server, prompt_ids: list[int], **params) -> Generated:
+    """Run one request on the server's engine client directly."""
+
+    async def run() -> Generated:
+        stream = await server.client.add_request(Request(uuid.uuid4().hex, list(prompt_ids),
+                                                         SamplingParams(**params)))
+        pieces, ids, reason = [], [], None
+        async for out in stream:
+            pieces.append(out.new_text)
+            ids.extend(out.new_token_ids)
+            reason = out.finish_reason
+        return Generated(list(prompt_ids), "".join(pieces), ids, reason.openai)
+
+    return asyncio.run(run())
+
+
+def greedy_chat(server, messages: list[dict], max_tokens: int) -> Generated:
+    ids = chat_prompt_ids(server.client.tokenizer, messages)
+    return generate(server, ids, temperature=0.0, max_tokens=max_tokens)
+
+
+def greedy_completion(server, prompt: str, max_tokens: int) -> Generated:
+    return generate(server, server.client.tokenizer.encode(prompt), temperature=0.0, max_tokens=max_tokens)
