@@ -68,6 +68,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
         self.attn = PagedAttention(kernel)
+        self.rotary = apply_rotary  # a backend may point this at a fused kernel with the same contract
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -77,13 +78,13 @@ class LlamaAttention(nn.Module):
         if self.q_norm is None:  # one rotary call for the query and key heads together
             qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads,
                                                            self.head_dim)
-            qk = apply_rotary(qk, cos, sin)
+            qk = self.rotary(qk, cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:].contiguous()
         else:
             q = self.q_norm(qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size]
                             .reshape(num_tokens, self.num_kv_heads, self.head_dim))
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).contiguous()
+            q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin).contiguous()
         out = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

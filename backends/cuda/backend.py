@@ -1,0 +1,149 @@
+"""The CUDA backend: Triton paged attention (flash-attn varlen when installed and fit),
+CUDA graphs for decode steps, warm-up memory profiling, NCCL and one process per GPU."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from switchyard.core.backend import AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult
+from switchyard.core.config import CacheConfig, EngineConfig
+
+from .device import CudaDevice
+from .distributed import GpuShardLauncher, NcclCommunicator, init_nccl_process_group, local_rank
+from .flash import AttentionChoice, FlashAttnKernel, choose_attention, describe_attention, flash_attn_module
+from .fusion import fuse_layers
+from .graphs import CudaGraphRunner
+from .memory import MemoryProfile, num_kv_blocks_from_profile, profile_run
+
+logger = logging.getLogger(__name__)
+
+
+def probe_cuda() -> ProbeResult:
+    """Usable when torch is a CUDA build, a device is visible and Triton is installed;
+    creates no CUDA context."""
+    try:
+        if getattr(torch.version, "hip", None):
+            return ProbeResult(False, f"torch {torch.__version__} is a ROCm (HIP) build: the rocm backend serves it")
+        if torch.version.cuda is None:
+            return ProbeResult(False, f"torch {torch.__version__} is built without CUDA (torch.version.cuda is None)")
+        if not torch.cuda.is_available():
+            shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f"; CUDA_VISIBLE_DEVICES={shown!r}" if shown is not None else ""
+            return ProbeResult(False, f"no CUDA device visible (torch.cuda.is_available() is False{where})")
+        if importlib.util.find_spec("triton") is None:
+            return ProbeResult(False, "triton is not installed (pip install 'switchyard[cuda]')")
+        count = torch.cuda.device_count()
+        return ProbeResult(True, f"{count} CUDA device{'s' if count != 1 else ''} visible "
+                                 f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+    except Exception as error:
+        return ProbeResult(False, f"probing CUDA failed: {type(error).__name__}: {error}")
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    priority = 100
+    planned_attention_impl: ClassVar[str] = "triton paged attention, or flash-attn varlen when installed"
+
+    def __init__(self, device_ops=None, cuda_graphs: bool = True, fused_layers: bool = True):
+        """device_ops: the device calls (default: the real ones, backends/cuda/device.py);
+        cuda_graphs: capture decode graphs; fused_layers: fused Triton RMSNorm/rotary/SiLU."""
+        self._device = torch.device("cuda", 0)
+        self._device_ops = device_ops
+        self.cuda_graphs = cuda_graphs
+        self.fused_layers = fused_layers
+        self.fused: dict[str, int] = {}
+        self.memory_profile: MemoryProfile | None = None
+        self.attention_choices: dict[AttentionSpec, AttentionChoice] = {}
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return probe_cuda()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtypes=("bfloat16", "float16", "float32"), block_sizes=(16, 32, 64, 128, 256),
+                            mixed_prefill_decode=True, prefix_caching=True, graph_mode=True,
+                            static_shapes=False, attention_impl=describe_attention(flash_attn_module()))
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def device_ops(self):
+        if self._device_ops is None:
+            self._device_ops = CudaDevice(self._device)
+        return self._device_ops
+
+    def init_device(self) -> None:
+        """Uses GPU LOCAL_RANK among the visible ones; joins the NCCL group when launched sharded."""
+        self._device = torch.device("cuda", local_rank())
+        torch.cuda.set_device(self._device)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size > 1:
+            init_nccl_process_group(int(os.environ["RANK"]), world_size, self._device)
+
+    def available_memory_bytes(self) -> int:
+        if self.memory_profile is not None:
+            return self.memory_profile.available_bytes
+        return self.device_ops.mem_get_info()[0]
+
+    def profile_run(self, loaded, config: EngineConfig) -> None:
+        """Fuses the model's elementwise layers, then runs and measures a largest step."""
+        if self.fused_layers:
+            from . import kernels
+
+            self.fused = fuse_layers(loaded.model, kernels)
+        self.memory_profile = profile_run(loaded.model, self, self.device_ops, loaded.attention_spec,
+                                          loaded.num_layers, config.scheduler.max_num_batched_tokens,
+                                          config.scheduler.max_num_seqs)
+        profile, gib = self.memory_profile, 2**30
+        logger.info("memory after a largest step: %.2f GiB free of %.2f GiB, activation peak %.2f GiB",
+                    profile.free_bytes / gib, profile.total_bytes / gib, profile.activation_peak_bytes / gib)
+
+    def num_kv_blocks(self, bytes_per_block: int, cache: CacheConfig) -> int:
+        profile = self.memory_profile
+        if profile is None:
+            free, total = self.device_ops.mem_get_info()
+            profile = MemoryProfile(free, total, 0)
+        return num_kv_blocks_from_profile(profile, bytes_per_block, cache)
+
+    def attention(self, spec: AttentionSpec) -> AttentionKernel:
+        flash_attn = flash_attn_module()
+        choice = choose_attention(spec, flash_attn)
+        self.attention_choices[spec] = choice
+        if choice.impl == "flash-attn":
+            return FlashAttnKernel(spec, flash_attn.flash_attn_varlen_func, triton_write_kv)
+        return triton_attention(spec)
+
+    def make_runner(self, loaded, kv_caches: list[torch.Tensor], config: EngineConfig) -> CudaGraphRunner:
+        runner = CudaGraphRunner(loaded.model, self, kv_caches, config.cache.block_size,
+                                 max_num_seqs=config.scheduler.max_num_seqs, max_model_len=loaded.max_model_len,
+                                 vocab_size=loaded.vocab_size, device_ops=self.device_ops, enabled=self.cuda_graphs)
+        runner.capture()
+        return runner
+
+    def communicator(self) -> NcclCommunicator | None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return NcclCommunicator()
+        return None
+
+    def shard_launcher(self) -> GpuShardLauncher:
+        return GpuShardLauncher()
+
+
+def triton_attention(spec: AttentionSpec) -> AttentionKernel:
+    from .attention import TritonAttentionKernel
+
+    return TritonAttentionKernel(spec)
+
+
+def triton_write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The Triton KV scatter (negative slots skipped); triton is imported at the first call."""
+    from .kernels import write_kv
+
+    write_kv(key, value, kv_cache, slot_mapping)
