@@ -15,7 +15,8 @@ import triton
 
 from .attention_tiles import combine_splits_kernel, paged_attention_kernel
 
-MAX_KV_SPLITS = 16
+MAX_KV_SPLITS = 64
+PROGRAMS_PER_SM = 4  # flash-decoding target: enough programs in flight to saturate HBM
 MIN_DOT_SIZE = 16  # tl.dot needs every dimension >= 16 on GPUs
 
 
@@ -24,6 +25,8 @@ class TileShape:
     block_m: int  # query rows (token, head of the group) per program
     block_q: int  # query tokens per program: block_m // group
     tile_n: int  # keys per inner step
+    num_warps: int = 4
+    num_stages: int = 2
 
 
 def tile_shape(group: int, max_query_len: int) -> TileShape:
@@ -31,17 +34,17 @@ def tile_shape(group: int, max_query_len: int) -> TileShape:
     heads; batches with prompt chunks get taller tiles (more reuse of each K/V tile)."""
     rows_needed = group * max(1, max_query_len)
     block_m = max(MIN_DOT_SIZE, triton.next_power_of_2(group), min(64, triton.next_power_of_2(rows_needed)))
-    tile_n = 32 if max_query_len == 1 else 64
-    return TileShape(block_m=block_m, block_q=max(1, block_m // group), tile_n=tile_n)
+    return TileShape(block_m=block_m, block_q=max(1, block_m // group), tile_n=64)
 
 
 def choose_num_kv_splits(num_requests: int, num_kv_heads: int, max_query_len: int, num_sms: int) -> int:
     """Flash-decoding splits (a power of two) for decode-only batches too small to
-    fill the device: about two programs per SM. Depends only on static sizes."""
+    fill the device: up to PROGRAMS_PER_SM programs per SM. Depends only on static sizes."""
     programs = num_requests * num_kv_heads
     if max_query_len != 1 or programs == 0 or programs >= num_sms:
         return 1
-    return min(MAX_KV_SPLITS, triton.next_power_of_2(triton.cdiv(2 * num_sms, programs)))
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    return min(MAX_KV_SPLITS, 1 << (wanted.bit_length() - 1))  # the largest power of two <= wanted
 
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -83,7 +86,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
         BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
         DECODE_ONLY=decode_only, NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None,
         USE_SOFT_CAP=soft_cap is not None, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=query.device.type == "cpu")
+        UPCAST_DOT=query.device.type == "cpu", num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     if num_splits > 1:
         combine_splits_kernel[(num_requests, num_heads)](
             out, *partials, query_start_loc, num_heads, out.stride(0), out.stride(1),
