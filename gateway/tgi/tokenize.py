@@ -38,6 +38,8 @@ def _service(request: Request) -> GenerationService:
 
 def simple_tokens(tokenizer, text: str, add_special_tokens: bool, keep_last: int | None = None) -> list[dict]:
     """TGI's SimpleTokens: id, the text it covers and its [start, stop) character offsets."""
+    if not getattr(tokenizer, "is_fast", False):  # offsets need a fast tokenizer, as in TGI
+        raise GatewayError(ErrorKind.NOT_FOUND, "No fast tokenizer available")
     encoding = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     pairs = list(zip(encoding["input_ids"], encoding["offset_mapping"]))
     if keep_last is not None:

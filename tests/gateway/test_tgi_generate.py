@@ -80,9 +80,10 @@ def test_stream_matches_generate(greedy, http):
 
 
 def test_stream_without_details_ends_with_text_only(http):
-    events = sse_events(http.post("/generate_stream", json={"inputs": COUNT,
-                                                            "parameters": {"max_new_tokens": 2}}).text)
+    events = sse_events(http.post("/generate_stream", json={"inputs": COUNT, "parameters": {
+        "max_new_tokens": 2, "top_n_tokens": 2}}).text)
     assert events[-1]["details"] is None and events[-1]["generated_text"]
+    assert all(len(e["top_tokens"]) == 2 and e["top_tokens"][0]["id"] == e["token"]["id"] for e in events)
 
 
 def test_compat_route_answers_a_list_or_a_stream(greedy, http):
