@@ -37,10 +37,24 @@ class CudaDevice:
     def graph_pool(self) -> object:
         return torch.cuda.graph_pool_handle()
 
+    def _capture_stream(self) -> torch.cuda.Stream:
+        if getattr(self, "_stream", None) is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    def warm_up(self, run: Callable[[], None]) -> None:
+        """Runs run() once on the capture stream, so that lazy set-up (kernel compilation,
+        library handles and workspaces of that stream) happens before, not during, capture."""
+        stream = self._capture_stream()
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            run()
+        stream.synchronize()
+
     def capture(self, run: Callable[[], None], pool: object) -> torch.cuda.CUDAGraph:
         """Records run() into a graph whose replay() redoes its work on the same buffers."""
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls of other threads (a gateway, a tokenizer) do not break the capture.
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, stream=self._capture_stream(), capture_error_mode="thread_local"):
             run()
         return graph

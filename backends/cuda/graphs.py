@@ -148,8 +148,7 @@ class CudaGraphRunner(ModelRunner):
         self.buffers.pad_all()
         for batch in reversed(self.sizes):
             run = self._decode_fn(batch)
-            run()  # compiles the kernels and sets up library handles outside the capture
-            self.device_ops.synchronize()
+            self.device_ops.warm_up(run)  # compiles kernels, sets up library handles: not captured
             self.graphs[batch] = self.device_ops.capture(run, pool)
         self.device_ops.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", ", ".join(map(str, self.sizes)))

@@ -59,6 +59,10 @@ class FakeDevice:
     def graph_pool(self) -> object:
         return "pool"
 
+    def warm_up(self, run) -> None:
+        self.calls.append("warm_up")
+        run()
+
     def capture(self, run, pool) -> FakeGraph:
         assert pool == "pool"
         graph = FakeGraph(run)

@@ -38,6 +38,7 @@ def test_decode_steps_replay_graphs_and_give_the_eager_tokens(eager_tokens):
     assert runner.sizes == (1, 2, 4, 6) and sorted(runner.graphs) == [1, 2, 4, 6]
     assert list(device.captured.values()) == [runner.graphs[b] for b in (6, 4, 2, 1)]  # largest first
     assert all(g.num_replays == 0 for g in runner.graphs.values())  # capture records, it does not run
+    assert device.calls.count("warm_up") == 4  # each bucket ran once before its capture
     assert generate(engine) == eager_tokens
     # 4 requests: the first step is all prompts (eager), then 9 decode steps of 4 rows: bucket 4.
     assert runner.graphs[4].num_replays == 9 and runner.num_replays == 9
