@@ -86,14 +86,44 @@ def require_api_key(request: Request) -> None:
 
 
 def _install_payload_limit(app: FastAPI, settings: ServerSettings) -> None:
-    @app.middleware("http")
-    async def payload_limit(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.payload_limit:
-            error = GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
-                                 f"the body has {length} bytes; the limit is {settings.payload_limit}")
-            return error.render(dialect_for_path(request.url.path))
-        return await call_next(request)
+    app.add_middleware(PayloadLimit, limit=settings.payload_limit)
+
+
+class PayloadLimit:
+    """413 for a body over --payload-limit, from its content-length or as it arrives.
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware
+    hands the app a `receive` that reports a disconnect once the body is read, which
+    would cancel every stream after its first event."""
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._reject(scope, receive, send, int(length))
+        received = 0
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
+                                       f"the body is over the limit of {self.limit} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    async def _reject(self, scope, receive, send, length: int) -> None:
+        error = GatewayError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body has {length} bytes; the limit is {self.limit}")
+        await error.render(dialect_for_path(scope["path"]))(scope, receive, send)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

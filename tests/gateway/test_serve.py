@@ -80,7 +80,8 @@ def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 240) -> lis
 
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_then_exits(tmp_path):
-    proc, url = _start("--json-output", "--max-batch-total-tokens", "4096")
+    # a generous drain bound: on a loaded 2-core machine 20 tokens can take many seconds
+    proc, url = _start("--json-output", "--max-batch-total-tokens", "4096", "--graceful-shutdown-timeout", "300")
     try:
         seen = _wait_healthy(proc, url)
         assert set(seen) <= {503, 200}
@@ -88,7 +89,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(tmp_path):
 
         def stream():
             try:
-                body = {"inputs": "Count from one to fifty:", "parameters": {"max_new_tokens": 40,
+                body = {"inputs": "Count from one to fifty:", "parameters": {"max_new_tokens": 20,
                                                                             "details": True}}
                 with httpx.stream("POST", url + "/generate_stream", json=body, timeout=120) as response:
                     for line in response.iter_lines():
@@ -105,11 +106,12 @@ def test_sigterm_drains_in_flight_requests_then_exits(tmp_path):
         time.sleep(0.5)
         with pytest.raises(httpx.TransportError):  # no new connections once draining
             httpx.post(url + "/generate", json={"inputs": "hi"}, timeout=5)
-        thread.join(120)
+        thread.join(300)
         assert not errors
         assert events[-1]["generated_text"] is not None  # the in-flight stream finished
-        assert events[-1]["details"]["generated_tokens"] == len(events) == 40
-        assert proc.wait(60) == 0
+        assert events[-1]["details"]["generated_tokens"] == len(events) == 20
+        # uvicorn re-raises the signal once drained, so the exit status is "terminated by SIGTERM"
+        assert proc.wait(60) in (0, -signal.SIGTERM)
         logs = [line for line in proc.stdout.read().splitlines() if line.strip()]
         parsed = [json.loads(line) for line in logs if line.startswith("{")]
         assert parsed and len(parsed) >= len(logs) - 2  # JSON lines (a progress bar is not a tty here)

@@ -20,13 +20,15 @@ def _openai_completion(base_url: str, prompt: str, max_tokens: int = 12) -> str:
     return response.json()["choices"][0]["text"]
 
 
-def _read_events(response, count: int) -> list[str]:
+def _read_events(lines, count: int) -> list[str]:
+    """The next `count` events from a live `iter_lines()` iterator. (Breaking out of a
+    `for` over `response.iter_lines()` closes the connection: httpx closes the stream
+    with the abandoned generator.)"""
     events = []
-    for line in response.iter_lines():
+    while len(events) < count:
+        line = next(lines)
         if line.startswith("data:"):
             events.append(line)
-            if len(events) == count:
-                break
     return events
 
 
@@ -43,7 +45,8 @@ def test_disconnect_mid_stream_frees_every_block_and_spares_the_neighbour(server
     with httpx.Client(base_url=server.base_url, timeout=120) as http:
         with http.stream("POST", path, json=body) as response:
             assert response.status_code == 200
-            assert len(_read_events(response, 3)) == 3
+            lines = response.iter_lines()
+            assert len(_read_events(lines, 3)) == 3
             worker = threading.Thread(target=lambda: neighbour.append(
                 _openai_completion(server.base_url, "The capital of France is")))
             worker.start()
@@ -59,12 +62,13 @@ def test_past_max_concurrent_requests_new_ones_get_429_at_once(start_server):
     with httpx.Client(base_url=busy.base_url, timeout=120) as http:
         body = {"inputs": "Tell a long story.", "parameters": {"max_new_tokens": 30}}
         with http.stream("POST", "/generate_stream", json=body) as stream:
-            _read_events(stream, 1)
+            lines = stream.iter_lines()
+            first = _read_events(lines, 1)
             started = time.monotonic()
             tgi = http.post("/generate", json={"inputs": "hi"})
             openai = http.post("/v1/completions", json={"model": "default", "prompt": "hi"})
             assert time.monotonic() - started < 2.0  # refused at once, not queued
-            events = [line for line in stream.iter_lines() if line.startswith("data:")]
+            events = first + [line for line in lines if line.startswith("data:")]
         final = json.loads(events[-1][5:])
     assert tgi.status_code == 429 and tgi.json()["error_type"] == "overloaded"
     assert tgi.headers["retry-after"]
