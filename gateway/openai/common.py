@@ -23,7 +23,6 @@ logger = logging.getLogger("switchyard.gateway.openai")
 # `model` values that mean "whatever is served" (huggingface_hub sends "dummy" to a
 # URL; TGI's clients send "tgi"); any other name must be one that is served.
 PLACEHOLDER_MODEL_NAMES = ("", "default", "tgi", "dummy")
-DISCONNECT_POLL_S = 0.25
 
 
 def served_model_names(settings: ServerSettings) -> list[str]:
@@ -81,18 +80,24 @@ async def collect_unless_disconnected(service, streams: list[RequestStream], htt
     """Completions of all streams; if the client goes away first, the streams are
     aborted (their KV blocks freed) and INCOMPLETE is raised."""
     work = asyncio.ensure_future(service.collect_all(streams))
+    gone = asyncio.ensure_future(_disconnected(http_request))
     try:
-        while True:
-            done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return work.result()
-            if await http_request.is_disconnected():
-                raise GatewayError(ErrorKind.INCOMPLETE, "the client disconnected")
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        raise GatewayError(ErrorKind.INCOMPLETE, "the client disconnected")
     finally:
-        if not work.done():
-            work.cancel()
+        for task in (work, gone):
+            if not task.done():
+                task.cancel()
         for stream in streams:
             stream.abort()
+
+
+async def _disconnected(http_request: Request) -> None:
+    """Returns once the client has gone (the body is read, so `receive` waits for that)."""
+    while (await http_request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class ChunkBuilder:
