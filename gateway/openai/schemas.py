@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Lenient(BaseModel):
@@ -146,3 +146,18 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
     prompt_logprobs: int | None = None  # vLLM; rejected (use echo + logprobs)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value):
+        """One message for a wrong shape (pydantic would report each union branch)."""
+        if isinstance(value, str) or (isinstance(value, list) and (
+                all(isinstance(x, str) for x in value) or _token_ids(value)
+                or all(isinstance(x, list) and _token_ids(x) for x in value))):
+            return value
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids "
+                         "or a list of lists of token ids")
+
+
+def _token_ids(values: list) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in values)

@@ -59,6 +59,8 @@ def test_400_malformed_json_and_bad_fields_name_the_problem(http):
     missing = http.post("/v1/completions", json={"model": "m"})
     error = _assert_error_body(missing, 400, "prompt")
     assert "prompt" in error["message"]
+    mixed = http.post("/v1/completions", json={"prompt": ["hi", 3]})
+    assert "list of token ids" in _assert_error_body(mixed, 400, "prompt")["message"]
     bad_role = http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
     assert _assert_error_body(bad_role, 400)["param"] == "messages.0.role"
 

@@ -30,6 +30,7 @@ def test_chat_greedy_equals_the_engine_with_and_without_stream(client, expected_
     assert response.id.startswith("chatcmpl-") and len(response.id) > 12
     assert response.object == "chat.completion" and isinstance(response.created, int) and response.created > 0
     assert response.model == MODEL_NAME and response.system_fingerprint
+    assert response._request_id == response.id  # the SDK reads x-request-id
     assert response.usage.prompt_tokens == len(expected_chat.prompt_ids)
     assert response.usage.completion_tokens == len(expected_chat.token_ids)
     assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
