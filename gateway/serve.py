@@ -24,7 +24,8 @@ def _env_default(environ: Mapping[str, str], names: tuple[str, ...], default, ki
 
 # (flag, env names, type, default, help) - TGI's names and defaults where they apply.
 _SERVE_FLAGS = [
-    ("--hostname", ("HOSTNAME",), str, "127.0.0.1", "address to listen on"),
+    # TGI reads HOSTNAME too, but shells and containers set it to the machine's name.
+    ("--hostname", ("SWITCHYARD_HOSTNAME",), str, "127.0.0.1", "address to listen on"),
     ("--port", ("PORT",), int, 8080, "port to listen on"),
     ("--max-concurrent-requests", ("MAX_CONCURRENT_REQUESTS",), int, 128,
      "requests served at once; more get 429 at once"),
