@@ -214,3 +214,15 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_frees_its_blocks(serve
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.openai_url + "/chat/completions", json=body, timeout=1.0)
     server.wait_idle(timeout=5)  # aborted long before its 400 tokens
+
+
+def test_a_client_that_leaves_a_stream_of_several_choices_frees_them_all(server):
+    server.wait_idle()
+    body = {"model": MODEL_NAME, "prompt": ["Once upon a time", "In a galaxy"], "n": 2, "max_tokens": 300,
+            "temperature": 1.0, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as stream:
+            chunks = _read_chunks(stream.iter_lines(), 6)
+            assert server.client.engine.scheduler.num_running == 4
+    assert {c["choices"][0]["index"] for c in chunks} <= {0, 1, 2, 3}
+    server.wait_idle(timeout=10)  # all four sequences aborted long before their 300 tokens
