@@ -69,7 +69,7 @@ class EngineCore:
         if not request.eos_token_ids:
             request.eos_token_ids = self.info.eos_token_ids
         self.scheduler.add_request(request)
-        if not request.sampling_params.greedy:
+        if not request.sampling_params.greedy and request.sampling_params.seed is not None:
             self._generators[request.request_id] = make_generator(request.sampling_params.seed,
                                                                   self.backend.device)
 

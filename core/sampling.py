@@ -19,7 +19,7 @@ class SampleRow:
 
     request_id: str
     params: SamplingParams
-    generator: torch.Generator | None  # None for greedy rows
+    generator: torch.Generator | None  # a seeded request's own; None = greedy or the shared one
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     banned_token_ids: tuple[int, ...] = ()  # EOS and stop ids while min_tokens is not reached
@@ -41,7 +41,22 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
+def device_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor without blocking the host: staged through
+    pinned memory and copied asynchronously on accelerators."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 class Sampler:
+    """Unseeded random rows share one generator (one noise launch for all of them);
+    a seeded row draws from its own, so its tokens do not depend on its neighbours."""
+
+    def __init__(self) -> None:
+        self._shared: dict[torch.device, torch.Generator] = {}
+
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledTokens:
         raw_logits = logits
         logits = apply_penalties(logits, rows)
@@ -51,35 +66,67 @@ class Sampler:
         if not all(greedy):
             random_idx = [i for i, g in enumerate(greedy) if not g]
             random_rows = [rows[i] for i in random_idx]
-            probs = _filtered_probs(logits[random_idx], [r.params for r in random_rows])
-            token_ids[random_idx] = _sample(probs, [r.generator for r in random_rows])
+            index = device_tensor(random_idx, torch.long, logits.device)
+            probs = _filtered_probs(logits.index_select(0, index), [r.params for r in random_rows])
+            sampled = _sample(probs, [r.generator for r in random_rows], self._shared_generator(logits.device))
+            token_ids.index_copy_(0, index, sampled)
         token_list = token_ids.tolist()
         return _with_logprobs(raw_logits, token_ids, token_list, rows)
 
 
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._shared:
+            self._shared[device] = make_generator(None, device)
+        return self._shared[device]
+
+
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    """Repetition (prompt + output), presence and frequency (output) penalties."""
+    """Repetition (prompt + output), presence and frequency (output) penalties and
+    banned tokens, each one scatter over the whole batch."""
     penalized = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
-    banned = [i for i, r in enumerate(rows) if r.banned_token_ids]
+    banned = [(i, t) for i, r in enumerate(rows) for t in r.banned_token_ids]
     if not penalized and not banned:
         return logits
     logits = logits.clone()
-    for i in banned:
-        logits[i, list(rows[i].banned_token_ids)] = float("-inf")
-    for i in penalized:
-        params = rows[i].params
-        row = logits[i]
-        if params.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(rows[i].prompt_token_ids + rows[i].output_token_ids)),
-                                dtype=torch.long, device=logits.device)
-            values = row[seen]
-            row[seen] = torch.where(values > 0, values / params.repetition_penalty,
-                                    values * params.repetition_penalty)
-        if rows[i].output_token_ids and (params.presence_penalty or params.frequency_penalty):
-            out = torch.tensor(rows[i].output_token_ids, dtype=torch.long, device=logits.device)
-            counts = torch.zeros_like(row).scatter_add_(0, out, torch.ones_like(out, dtype=row.dtype))
-            row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row.dtype)
+    device = logits.device
+    if penalized:
+        _apply_repetition(logits, rows, penalized)
+        _apply_presence_frequency(logits, rows, penalized)
+    if banned:
+        index = device_tensor(banned, torch.long, device).T
+        logits.index_put_((index[0], index[1]), torch.tensor(float("-inf"), device=device))
     return logits
+
+
+def _apply_repetition(logits: torch.Tensor, rows: list[SampleRow], penalized: list[int]) -> None:
+    wanted = [i for i in penalized if rows[i].params.repetition_penalty != 1.0]
+    if not wanted:
+        return
+    pairs = [(i, t) for i in wanted for t in set(rows[i].prompt_token_ids + rows[i].output_token_ids)]
+    index = device_tensor(pairs, torch.long, logits.device).T
+    penalty = torch.ones(logits.shape[0], dtype=logits.dtype, device=logits.device)
+    penalty.index_copy_(0, device_tensor(wanted, torch.long, logits.device),
+                        device_tensor([rows[i].params.repetition_penalty for i in wanted], logits.dtype, logits.device))
+    values = logits[index[0], index[1]]
+    row_penalty = penalty[index[0]]
+    logits[index[0], index[1]] = torch.where(values > 0, values / row_penalty, values * row_penalty)
+
+
+def _apply_presence_frequency(logits: torch.Tensor, rows: list[SampleRow], penalized: list[int]) -> None:
+    wanted = [i for i in penalized if rows[i].output_token_ids
+              and (rows[i].params.presence_penalty or rows[i].params.frequency_penalty)]
+    if not wanted:
+        return
+    pairs = [(i, t) for i in wanted for t in rows[i].output_token_ids]
+    index = device_tensor(pairs, torch.long, logits.device).T
+    counts = torch.zeros_like(logits)
+    counts.index_put_((index[0], index[1]), torch.ones(index.shape[1], dtype=logits.dtype, device=logits.device),
+                      accumulate=True)
+    chosen = set(wanted)
+    per_row = [(r.params.frequency_penalty, r.params.presence_penalty) if i in chosen else (0.0, 0.0)
+               for i, r in enumerate(rows)]
+    weights = device_tensor(per_row, logits.dtype, logits.device)
+    logits -= weights[:, :1] * counts + weights[:, 1:] * (counts > 0).to(logits.dtype)
 
 
 def apply_bias_and_watermark(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -90,8 +137,8 @@ def apply_bias_and_watermark(logits: torch.Tensor, rows: list[SampleRow]) -> tor
         return logits
     logits = logits.clone()
     if biased:
-        index = torch.tensor([(i, t) for i, t, _ in biased], device=logits.device).T
-        values = torch.tensor([b for _, _, b in biased], device=logits.device, dtype=logits.dtype)
+        index = device_tensor([(i, t) for i, t, _ in biased], torch.long, logits.device).T
+        values = device_tensor([b for _, _, b in biased], logits.dtype, logits.device)
         logits.index_put_((index[0], index[1]), values, accumulate=True)
     if marked:
         previous = [(rows[i].output_token_ids or rows[i].prompt_token_ids)[-1] for i in marked]
@@ -107,7 +154,7 @@ def _has_penalty(params: SamplingParams) -> bool:
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p, vectorised over the rows."""
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    temperature = device_tensor([p.temperature for p in params], logits.dtype, device).unsqueeze(1)
     logits = logits / temperature
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]
@@ -119,7 +166,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         logits = _typical(logits, typical_p)
     probs = torch.softmax(logits, dim=-1)
     if any(m > 0.0 for m in min_p):
-        min_p_t = torch.tensor(min_p, device=device).unsqueeze(1)
+        min_p_t = device_tensor(min_p, probs.dtype, device).unsqueeze(1)
         threshold = probs.max(dim=-1, keepdim=True).values * min_p_t
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
@@ -128,10 +175,10 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     vocab = logits.shape[-1]
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
-    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=logits.device).clamp(max=vocab)
+    k = device_tensor([kk if kk > 0 else vocab for kk in top_k], torch.long, logits.device).clamp(max=vocab)
     ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
     drop = ranks >= k.unsqueeze(1)
-    p = torch.tensor(top_p, device=logits.device, dtype=torch.float32).unsqueeze(1)
+    p = device_tensor(top_p, torch.float32, logits.device).unsqueeze(1)
     sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     cumulative_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     drop |= cumulative_before >= p  # keep the smallest prefix whose mass reaches p (always >= 1 token)
@@ -149,18 +196,22 @@ def _typical(logits: torch.Tensor, typical_p: list[float]) -> torch.Tensor:
     sorted_distance, order = distance.sort(dim=-1)
     sorted_probs = probs.gather(-1, order)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    mass = torch.tensor(typical_p, device=logits.device, dtype=probs.dtype).unsqueeze(1)
+    mass = device_tensor(typical_p, probs.dtype, logits.device).unsqueeze(1)
     drop_sorted = (mass_before >= mass) & (mass < 1.0)
     drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
 
-def _sample(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """Exponential-race sampling: argmax(p / E) with E ~ Exp(1) drawn from each
-    request's own generator, equivalent to multinomial and free of host syncs."""
+def _sample(probs: torch.Tensor, generators: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
+    """Exponential-race sampling: argmax(p / E) with E ~ Exp(1), equivalent to
+    multinomial and free of host syncs. Rows with a generator of their own redraw
+    their noise from it."""
     noise = torch.empty_like(probs)
+    if any(g is None for g in generators):
+        noise.exponential_(generator=shared)
     for i, generator in enumerate(generators):
-        noise[i].exponential_(generator=generator)
+        if generator is not None:
+            noise[i].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
 

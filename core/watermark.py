@@ -38,7 +38,7 @@ def green_mask(previous_token_ids: torch.Tensor, vocab_size: int) -> torch.Tenso
 
 def apply_watermark(logits: torch.Tensor, rows: list[int], previous_token_ids: list[int]) -> torch.Tensor:
     """Adds DELTA to the green tokens of the given rows (in place on a copy's rows)."""
-    prev = torch.tensor(previous_token_ids, device=logits.device)
+    prev = torch.tensor(previous_token_ids).to(logits.device, non_blocking=True)
     bonus = green_mask(prev, logits.shape[-1]).to(logits.dtype) * DELTA
     logits[rows] += bonus
     return logits
