@@ -35,6 +35,7 @@ def test_huggingface_hub_chat_completion(server, expected):
         [server.client.tokenizer.decode([t]) for t in expected.token_ids]
 
 
+@pytest.mark.slow
 def test_langchain_chat_openai_invoke_stream_batch(server, expected):
     from langchain_openai import ChatOpenAI
 
@@ -77,6 +78,7 @@ def test_langchain_async_and_n(server, expected):
     assert len(texts) == 2 and texts[0] != texts[1]  # seed + i per choice
 
 
+@pytest.mark.slow
 def test_llamaindex_openai_like_complete_chat_stream(server, expected):
     from llama_index.core.llms import ChatMessage
     from llama_index.llms.openai_like import OpenAILike

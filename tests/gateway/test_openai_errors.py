@@ -142,6 +142,7 @@ def _read_chunks(lines, count: int) -> list[dict]:
     return chunks
 
 
+@pytest.mark.slow
 def test_429_at_once_with_retry_after_and_the_stream_goes_on(start_server):
     busy = start_server(max_concurrent_requests=1)
     expected = greedy_chat(busy, MESSAGES, max_tokens=48)  # long enough to be in flight for a while
@@ -186,6 +187,7 @@ def test_500_mid_stream_is_an_error_event_the_sdk_raises(server, monkeypatch):
     server.wait_idle()
 
 
+@pytest.mark.slow
 def test_errors_do_not_disturb_a_stream_in_flight(server):
     server.wait_idle()
     expected = greedy_chat(server, MESSAGES, max_tokens=24)

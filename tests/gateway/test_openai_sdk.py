@@ -56,6 +56,7 @@ def test_stream_without_include_usage_has_no_usage_chunk(client, expected_chat):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected_chat.text
 
 
+@pytest.mark.slow
 def test_async_client_n_choices_with_a_seed_differ_and_repeat(server):
     async def run():
         client = openai.AsyncOpenAI(base_url=server.openai_url, api_key="unused", max_retries=0)
@@ -118,6 +119,7 @@ def test_stop_as_string_or_list_trims_and_reports_stop(client):
         assert stopped.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_logit_bias_and_vllm_extras_are_honoured(client, server, expected_chat):
     first = expected_chat.token_ids[0]
     biased = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2, temperature=0,
