@@ -137,6 +137,10 @@ def test_logit_bias_and_vllm_extras_are_honoured(client, server, expected_chat):
                                             extra_body={"ignore_eos": True, "min_p": 0.05,
                                                         "repetition_penalty": 1.1})
     assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 12
+    special = client.chat.completions.create(model=MODEL_NAME, messages=short,
+                                             max_tokens=free.usage.completion_tokens + 1, temperature=0,
+                                             extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert special.choices[0].message.content.startswith(free.choices[0].message.content + "<|im_end|>")
     at_least = client.chat.completions.create(model=MODEL_NAME, messages=short, max_tokens=12, temperature=0,
                                               extra_body={"min_tokens": free.usage.completion_tokens + 2})
     assert at_least.usage.completion_tokens >= free.usage.completion_tokens + 2
