@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 from switchyard.core.client import EngineClient, EngineDeadError, RequestStream
@@ -63,6 +63,30 @@ class Admission:
         else:
             kind = error.kind if isinstance(error, GatewayError) else ErrorKind.INTERNAL
             service.metrics.request_failure.inc(err=kind.value.tgi_type)
+
+
+async def until_disconnected(work: Awaitable, http_request, streams: list[RequestStream], gone_error: BaseException):
+    """Await `work`; if the HTTP client goes away first, abort the streams (their KV
+    blocks are freed by the next step) and raise `gone_error`. Waits on `receive()`
+    for `http.disconnect` (the body has been read, so nothing else arrives)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(http_request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            raise gone_error
+        return task.result()
+    finally:
+        for pending in (task, gone):
+            if not pending.done():
+                pending.cancel()
+        for stream in streams:
+            stream.abort()
+
+
+async def _client_gone(http_request) -> None:
+    while (await http_request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class GenerationService:

@@ -2,7 +2,6 @@
 usage, and the life of one request (admission, disconnects, SSE with errors)."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -16,6 +15,7 @@ from switchyard.core.request import RequestOutput
 
 from ..errors import ErrorKind, GatewayError
 from ..settings import ServerSettings
+from ..service import until_disconnected
 from ..streaming import sse_data, sse_response
 
 logger = logging.getLogger("switchyard.gateway.openai")
@@ -79,25 +79,8 @@ async def admitted(service, prepare: Callable[[], Awaitable]):
 async def collect_unless_disconnected(service, streams: list[RequestStream], http_request: Request):
     """Completions of all streams; if the client goes away first, the streams are
     aborted (their KV blocks freed) and INCOMPLETE is raised."""
-    work = asyncio.ensure_future(service.collect_all(streams))
-    gone = asyncio.ensure_future(_disconnected(http_request))
-    try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            return work.result()
-        raise GatewayError(ErrorKind.INCOMPLETE, "the client disconnected")
-    finally:
-        for task in (work, gone):
-            if not task.done():
-                task.cancel()
-        for stream in streams:
-            stream.abort()
-
-
-async def _disconnected(http_request: Request) -> None:
-    """Returns once the client has gone (the body is read, so `receive` waits for that)."""
-    while (await http_request.receive())["type"] != "http.disconnect":
-        pass
+    return await until_disconnected(service.collect_all(streams), http_request, streams,
+                                    GatewayError(ErrorKind.INCOMPLETE, "the client disconnected"))
 
 
 class ChunkBuilder:

@@ -24,7 +24,7 @@ from ..errors import ErrorKind, GatewayError, SafeJSONResponse
 from ..openai.chat import create_chat_completion
 from ..openai.completions import create_completion
 from ..openai.schemas import ChatCompletionRequest, CompletionRequest
-from ..service import Admission, GenerationService
+from ..service import Admission, GenerationService, until_disconnected
 from ..streaming import sse_data, sse_response
 from .body import json_object, parse
 from .outputs import Sequence, generate_response, stream_event, timing_headers, vocab_for
@@ -93,26 +93,7 @@ async def _collect(service: GenerationService, streams, sequences: list[Sequence
 async def _unless_disconnected(work, request: Request, streams) -> None:
     """Await `work`; if the client goes away first, abort the streams (freeing their
     KV blocks) and fail as an incomplete generation."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            raise _dropped()
-        return task.result()
-    finally:
-        for pending in (task, gone):
-            if not pending.done():
-                pending.cancel()
-        for stream in streams:
-            stream.abort()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects. Waits on `receive` itself: Starlette's
-    `is_disconnected()` never sees a disconnect behind a BaseHTTPMiddleware."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return await until_disconnected(work, request, streams, _dropped())
 
 
 # -- /generate_stream and / with stream=true -------------------------------------------
