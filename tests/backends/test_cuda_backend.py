@@ -2,6 +2,7 @@
 flash-attn choice, warm-up memory profiling and KV sizing, NCCL init and the launcher."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -31,6 +32,9 @@ def cuda_torch(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec",  # triton installed or not, the probe sees it
+                        lambda name, *a: object() if name == "triton" else real_find_spec(name, *a))
 
 
 def test_probe_here_says_there_is_no_cuda_build():

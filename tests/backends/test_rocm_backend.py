@@ -1,6 +1,7 @@
 """The ROCm backend: its probe on a (faked) HIP build of torch, and what it shares with CUDA."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 
@@ -24,6 +25,9 @@ def hip_torch(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec",  # triton installed or not, the probe sees it
+                        lambda name, *a: object() if name == "triton" else real_find_spec(name, *a))
 
 
 def test_probe_on_a_hip_build(hip_torch, monkeypatch):
