@@ -55,3 +55,6 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     backend: str | None = None  # None = the best usable backend
+    # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
+    # None = the backend's own buckets, () = no graphs.
+    graph_batch_sizes: tuple[int, ...] | None = None

@@ -54,6 +54,8 @@ _SERVE_FLAGS = [
      "for backends that cannot mix prefill and decode"),
     ("--graceful-shutdown-timeout", ("GRACEFUL_SHUTDOWN_TIMEOUT",), float, 30.0,
      "seconds in-flight requests get to finish after SIGTERM"),
+    ("--cuda-graphs", ("CUDA_GRAPHS",), str, None,
+     "comma-separated decode batch sizes to capture as CUDA graphs; 0 = none (default: the backend's buckets)"),
     ("--served-model-name", ("SERVED_MODEL_NAME",), str, None, "name reported in /info and /v1/models"),
 ]
 _SERVE_SWITCHES = [
@@ -96,12 +98,26 @@ def engine_config(args: argparse.Namespace):
     if args.cuda_memory_fraction is not None:
         cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction)
     return EngineConfig(
+        graph_batch_sizes=_graph_sizes(args.cuda_graphs),
         model=ModelConfig(model=args.model, dtype=args.dtype, load_format=args.load_format, revision=args.revision,
                           max_model_len=args.max_model_len or args.max_total_tokens),
         cache=cache,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
                                   max_num_seqs=args.max_batch_size),
         backend=args.backend)
+
+
+def _graph_sizes(flag: str | None) -> tuple[int, ...] | None:
+    """TGI's --cuda-graphs: "1,2,4,8" or "0" (off)."""
+    from switchyard.core.params import ValidationError
+
+    if flag is None:
+        return None
+    try:
+        sizes = tuple(int(part) for part in flag.split(",") if part.strip())
+    except ValueError:
+        raise ValidationError(f"--cuda-graphs takes comma-separated batch sizes, not {flag!r}") from None
+    return tuple(s for s in sizes if s > 0)
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:

@@ -123,7 +123,8 @@ class CudaBackend(Backend):
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config: EngineConfig) -> CudaGraphRunner:
         runner = CudaGraphRunner(loaded.model, self, kv_caches, config.cache.block_size,
                                  max_num_seqs=config.scheduler.max_num_seqs, max_model_len=loaded.max_model_len,
-                                 vocab_size=loaded.vocab_size, device_ops=self.device_ops, enabled=self.cuda_graphs)
+                                 vocab_size=loaded.vocab_size, device_ops=self.device_ops, enabled=self.cuda_graphs,
+                                 sizes=config.graph_batch_sizes)
         runner.capture()
         return runner
 

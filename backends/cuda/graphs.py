@@ -120,7 +120,8 @@ class CudaGraphRunner(ModelRunner):
     `device_ops` holds the device calls (backends/cuda/device.py); tests pass a fake."""
 
     def __init__(self, model: torch.nn.Module, backend: Backend, kv_caches: list[torch.Tensor], block_size: int,
-                 *, max_num_seqs: int, max_model_len: int, vocab_size: int, device_ops, enabled: bool = True):
+                 *, max_num_seqs: int, max_model_len: int, vocab_size: int, device_ops, enabled: bool = True,
+                 sizes: tuple[int, ...] | None = None):
         super().__init__(model, backend, kv_caches, block_size)
         self.device_ops = device_ops
         self.max_model_len = max_model_len
@@ -128,10 +129,12 @@ class CudaGraphRunner(ModelRunner):
         self.graphs: dict[int, object] = {}
         self.num_replays = 0
         unsafe = graph_unsafe_kernels(model)
-        self.disabled_reason = ("disabled by configuration" if not enabled else
+        chosen = capture_sizes(max_num_seqs) if sizes is None else \
+            tuple(sorted({s for s in sizes if 0 < s <= max(1, max_num_seqs)}))
+        self.disabled_reason = ("disabled by configuration" if not enabled or not chosen else
                                 f"attention kernel(s) {', '.join(unsafe)} not graph-safe" if unsafe else None)
         if self.disabled_reason is None:
-            self.sizes = capture_sizes(max_num_seqs)
+            self.sizes = chosen
             max_blocks = -(-max_model_len // block_size)
             with torch.inference_mode():
                 self.buffers = DecodeBuffers(self.sizes[-1], max_blocks, block_size, backend.device,
@@ -168,8 +171,9 @@ class CudaGraphRunner(ModelRunner):
     def graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
         """The bucket a step replays, or None when it runs eagerly."""
         scheduled = scheduler_output.scheduled
-        if not self.graphs or not scheduled or any(len(s.token_ids) != 1 for s in scheduled):
-            return None
+        if not self.graphs or not scheduled or any(len(s.token_ids) != 1 or s.computes_prompt_logprobs
+                                                   for s in scheduled):
+            return None  # graphs return last-token logits only
         return bucket_for(len(scheduled), self.sizes)
 
     @torch.inference_mode()

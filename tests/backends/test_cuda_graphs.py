@@ -83,3 +83,24 @@ def test_a_kernel_that_is_not_graph_safe_turns_graphs_off_and_says_why(eager_tok
 def test_graphs_off_by_choice():
     runner = make_engine(CpuCudaBackend(cuda_graphs=False)).runner
     assert runner.graphs == {} and runner.disabled_reason == "disabled by configuration"
+
+
+def test_graph_sizes_from_the_config_like_tgi_cuda_graphs_flag():
+    from dataclasses import replace
+
+    backend = CpuCudaBackend()
+    engine = make_engine(backend)
+    config = replace(engine.config, graph_batch_sizes=(4, 1, 99))
+    runner = backend.make_runner(engine.loaded, engine.runner.kv_caches, config)
+    assert runner.sizes == (1, 4)  # sorted, and none past max_num_seqs
+    off = backend.make_runner(engine.loaded, engine.runner.kv_caches, replace(config, graph_batch_sizes=()))
+    assert off.graphs == {} and off.disabled_reason == "disabled by configuration"
+
+
+def test_a_one_token_prompt_chunk_that_scores_prompt_logprobs_runs_eagerly():
+    runner = make_engine(CpuCudaBackend()).runner
+    chunk = ScheduledRequest("p", (7,), 2, (3,), False, computes_prompt_logprobs=True)
+    step = SchedulerOutput((ScheduledRequest("d", (5,), 5, (4, 6), True), chunk))
+    assert runner.graph_batch_size(step) is None
+    runner.execute(step)
+    assert set(runner.last_prompt_logits) == {"p"} and runner.num_replays == 0

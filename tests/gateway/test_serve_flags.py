@@ -1,0 +1,55 @@
+"""`switchyard serve` flags: TGI's names, environment variables and defaults, mapped
+onto EngineConfig and ServerSettings."""
+from __future__ import annotations
+
+import pytest
+
+from switchyard.core.params import ValidationError
+from switchyard.gateway.cli import build_parser
+from switchyard.gateway.serve import engine_config, server_settings
+
+
+def _parse(argv=(), environ=None):
+    return build_parser(environ or {}).parse_args(["serve", *argv])
+
+
+def test_defaults_are_tgis_where_they_apply():
+    args = _parse()
+    settings = server_settings(args)
+    assert (settings.hostname, settings.port) == ("127.0.0.1", 8080)
+    assert (settings.max_concurrent_requests, settings.max_best_of, settings.max_stop_sequences,
+            settings.max_top_n_tokens, settings.max_client_batch_size, settings.payload_limit) == (
+        128, 2, 4, 5, 4, 2_000_000)
+    config = engine_config(args)
+    assert config.model.model is None and config.graph_batch_sizes is None
+    assert config.cache.memory_fraction is None  # the backend's own default
+
+
+def test_environment_variables_are_flag_defaults_and_flags_win():
+    environ = {"MODEL_ID": "/models/x", "PORT": "9000", "MAX_CONCURRENT_REQUESTS": "7", "MAX_INPUT_LENGTH": "100",
+               "MAX_TOTAL_TOKENS": "200", "API_KEY": "k", "JSON_OUTPUT": "true", "CUDA_GRAPHS": "0",
+               "CORS_ALLOW_ORIGIN": "http://a,http://b", "HOSTNAME": "container-name"}
+    args = _parse(["--port", "9100"], environ)
+    settings = server_settings(args)
+    assert settings.port == 9100 and settings.max_concurrent_requests == 7
+    assert (settings.max_input_tokens, settings.max_total_tokens) == (100, 200)
+    assert settings.api_key == "k" and settings.json_output and settings.cors_allow_origin == ("http://a", "http://b")
+    assert settings.hostname == "127.0.0.1"  # HOSTNAME is the machine's name in shells and containers
+    config = engine_config(args)
+    assert config.model.model == "/models/x" and config.model.max_model_len == 200
+    assert config.graph_batch_sizes == ()
+
+
+def test_batch_flags_map_onto_the_scheduler_and_the_kv_cache():
+    args = _parse(["--max-batch-total-tokens", "1000", "--max-batch-prefill-tokens", "512",
+                   "--max-batch-size", "8", "--cuda-memory-fraction", "0.8", "--cuda-graphs", "1,2,4,8"])
+    config = engine_config(args)
+    assert config.cache.num_blocks == -(-1000 // 16) + 1  # + the reserved block
+    assert config.scheduler.max_num_batched_tokens == 512 and config.scheduler.max_num_seqs == 8
+    assert config.cache.memory_fraction == 0.8 and config.graph_batch_sizes == (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("argv", [["--quantize", "awq"], ["--num-shard", "2"], ["--cuda-graphs", "one,two"]])
+def test_what_cannot_be_honoured_is_refused(argv):
+    with pytest.raises(ValidationError):
+        engine_config(_parse(argv))
