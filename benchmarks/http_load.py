@@ -4,10 +4,11 @@ against a live `switchyard serve`, next to the offline API on the same workload.
     python benchmarks/http_load.py [--dtype bfloat16] [--new-tokens 128] [--rounds 2]
 
 Prints, per concurrency: output tokens/s, time to first token and inter-token
-latency (p50/p99); then the HTTP/offline throughput ratio at concurrency 32 (the
+latency (p50/p99); then the HTTP/offline throughput ratios at concurrency 1 and 32 (the
 gateway must not be the bottleneck: aim >= 0.9). Each client sends `rounds`
 requests back to back (/v1/completions, stream, usage chunk, EOS ignored).
-The offline run uses LLM(max_num_seqs=32) on the same 32 * rounds prompts.
+The offline runs use LLM(max_num_seqs=32) on the same prompts: `rounds` requests one
+after another (concurrency 1), and 32 * rounds with 32 running.
 Run it alone: the clients, the server and the offline run share the 2 cores.
 """
 from __future__ import annotations
@@ -78,16 +79,23 @@ async def load(url: str, concurrency: int, rounds: int, new_tokens: int) -> dict
     return {"tok_s": total_tokens / elapsed, "ttft": ttfts, "itl": itls}
 
 
-def offline(args) -> float:
+def offline(args) -> dict[int, float]:
+    """Offline API tokens/s on the same workload: 1 and 32 running."""
     from switchyard.core import LLM, SamplingParams
 
     llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=32, num_kv_blocks=args.kv_blocks)
     llm.generate(make_prompts(2), SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    results = llm.generate(make_prompts(32 * args.rounds), params)
-    elapsed = time.perf_counter() - start
-    return sum(len(r.token_ids) for r in results) / elapsed
+    figures = {}
+    for concurrency in (1, 32):
+        prompts = make_prompts(concurrency * args.rounds)
+        start = time.perf_counter()
+        if concurrency == 1:
+            tokens = sum(len(llm.generate([p], params)[0].token_ids) for p in prompts)
+        else:
+            tokens = sum(len(r.token_ids) for r in llm.generate(prompts, params))
+        figures[concurrency] = tokens / (time.perf_counter() - start)
+    return figures
 
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
@@ -124,7 +132,8 @@ def main() -> None:
     args = parser.parse_args()
 
     offline_tok_s = offline(args)
-    print(f"offline API, 32 running, {32 * args.rounds} requests: {offline_tok_s:8.1f} tok/s", flush=True)
+    for c, tok_s in offline_tok_s.items():
+        print(f"offline API, {c} running, {c * args.rounds} requests: {tok_s:8.1f} tok/s", flush=True)
     proc, url = start_server(args)
     results = {}
     try:
@@ -139,9 +148,10 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    if 32 in results:
-        ratio = results[32]["tok_s"] / offline_tok_s
-        print(f"HTTP / offline throughput at concurrency 32: {ratio:.2f} (aim >= 0.90)")
+    for c in (1, 32):
+        if c in results:
+            ratio = results[c]["tok_s"] / offline_tok_s[c]
+            print(f"HTTP / offline throughput at concurrency {c}: {ratio:.2f} (aim >= 0.90)")
     print(f"mean ITL over all runs: {statistics.fmean(i for r in results.values() for i in r['itl']) * 1e3:.1f} ms")
 
 
