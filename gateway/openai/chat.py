@@ -9,7 +9,7 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
-from .common import (ChunkBuilder, ResponseMeta, admitted, collect_unless_disconnected, openai_stream,
+from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
 from .logprobs import TokenStrings, chat_logprob_entries, token_strings
 from .messages import chat_prompt_ids
@@ -37,12 +37,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
                             include_usage=bool(options and options.include_usage),
                             continuous_usage=bool(options and options.continuous_usage_stats))
         return openai_stream(service, admission, streams, chunks, meta.id)
-    try:
-        completions = await collect_unless_disconnected(service, streams, http_request)
-    except BaseException as exc:
-        admission.release(exc)
-        raise
-    admission.release()
+    completions = await collect_and_release(service, admission, streams, http_request)
     choices = [_choice(i, c, strings, plan) for i, c in enumerate(completions)]
     extra = {"service_tier": "default"} if req.service_tier is not None else {}
     body = meta.body(choices, usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in completions)), **extra)

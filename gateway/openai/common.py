@@ -76,6 +76,17 @@ async def admitted(service, prepare: Callable[[], Awaitable]):
         raise
 
 
+async def collect_and_release(service, admission, streams: list[RequestStream], http_request: Request):
+    """A non-streamed answer's completions; the admission slot is released either way."""
+    try:
+        completions = await collect_unless_disconnected(service, streams, http_request)
+    except BaseException as exc:
+        admission.release(exc)
+        raise
+    admission.release()
+    return completions
+
+
 async def collect_unless_disconnected(service, streams: list[RequestStream], http_request: Request):
     """Completions of all streams; if the client goes away first, the streams are
     aborted (their KV blocks freed) and INCOMPLETE is raised."""

@@ -9,7 +9,7 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
-from .common import (ChunkBuilder, ResponseMeta, admitted, collect_unless_disconnected, openai_stream,
+from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
 from .logprobs import CompletionLogprobs, TokenStrings, merge_fragments, token_strings
 from .params import EnginePlan, check_token_ids, completion_plan, invalid
@@ -44,12 +44,7 @@ async def create_completion(req: CompletionRequest, http_request: Request):
                                   include_usage=bool(options and options.include_usage),
                                   continuous_usage=bool(options and options.continuous_usage_stats))
         return openai_stream(service, admission, streams, chunks, meta.id)
-    try:
-        completions = await collect_unless_disconnected(service, streams, http_request)
-    except BaseException as exc:
-        admission.release(exc)
-        raise
-    admission.release()
+    completions = await collect_and_release(service, admission, streams, http_request)
     body = meta.body(_choices(req, plan, prompts, completions, strings),
                      usage=usage(sum(len(p.ids) for p in prompts),
                                  0 if plan.discard_output else sum(len(c.token_ids) for c in completions)))
