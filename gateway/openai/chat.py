@@ -9,9 +9,10 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..tokens import TokenStrings, token_strings
 from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
-from .logprobs import TokenStrings, chat_logprob_entries, token_strings
+from .logprobs import chat_logprob_entries
 from .messages import chat_prompt_ids
 from .params import EnginePlan, chat_plan
 from .schemas import ChatCompletionRequest

@@ -9,9 +9,10 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..tokens import TokenStrings, token_strings
 from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
-from .logprobs import CompletionLogprobs, TokenStrings, merge_fragments, token_strings
+from .logprobs import CompletionLogprobs, merge_fragments
 from .params import EnginePlan, check_token_ids, completion_plan, invalid
 from .schemas import CompletionRequest
 

@@ -6,6 +6,7 @@ from switchyard.core.request import FinishReason, RequestOutput
 
 from ..errors import ErrorKind, GatewayError
 from ..service import Timings
+from ..tokens import token_strings
 from .validation import GenerationPlan
 
 _FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "eos_token",
@@ -24,16 +25,11 @@ class Vocab:
     """Token texts as TGI shows them: one token decoded alone, special tokens included."""
 
     def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
+        self._strings = token_strings(tokenizer)
         self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
-        self._texts: dict[int, str] = {}
 
     def text(self, token_id: int) -> str:
-        text = self._texts.get(token_id)
-        if text is None:
-            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            self._texts[token_id] = text
-        return text
+        return self._strings.text(token_id)
 
     def token(self, token_id: int, logprob: float | None, text: str | None = None) -> dict:
         special = token_id in self.special_ids
@@ -51,15 +47,9 @@ class Vocab:
         return [{"id": entry[0], "text": self.text(entry[0]), "logprob": entry[1]} for entry in prompt_logprobs]
 
 
-_VOCABS: dict[int, tuple[object, Vocab]] = {}
-
-
 def vocab_for(tokenizer) -> Vocab:
-    entry = _VOCABS.get(id(tokenizer))
-    if entry is None or entry[0] is not tokenizer:
-        entry = (tokenizer, Vocab(tokenizer))
-        _VOCABS[id(tokenizer)] = entry
-    return entry[1]
+    """Cheap: the token texts are cached per tokenizer in gateway/tokens.py."""
+    return Vocab(tokenizer)
 
 
 class Sequence:
