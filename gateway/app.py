@@ -167,11 +167,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             dialect_for_path(request.url.path))
 
 
+def health_response(client: EngineClient) -> Response:
+    """200 once warmed up; TGI's 503 body before that (/health, /ping, GET /)."""
+    if not client.ready:
+        return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503)
+    return Response(status_code=200)
+
+
 def _install_common_routes(app: FastAPI, service: GenerationService, metrics: Metrics) -> None:
     async def health() -> Response:
-        if not service.client.ready:
-            return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503)
-        return Response(status_code=200)
+        return health_response(service.client)
 
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=True)
     app.add_api_route("/ping", health, methods=["GET"])

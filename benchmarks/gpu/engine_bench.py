@@ -65,11 +65,8 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
     return read + embedding.shape[1] * embedding.element_size(), total
 
 
-def graph_replay_ms(engine, device: torch.device, iterations: int) -> float | None:
-    """GPU time of one batch-1 graph replay (the device's share of a decode step)."""
-    graph = engine.runner.graphs.get(1)
-    if graph is None or device.type != "cuda":
-        return None
+def time_graph_replays(graph, iterations: int) -> float:
+    """Mean GPU time of one replay of a captured graph (after one untimed replay)."""
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -78,6 +75,14 @@ def graph_replay_ms(engine, device: torch.device, iterations: int) -> float | No
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iterations
+
+
+def graph_replay_ms(engine, device: torch.device, iterations: int) -> float | None:
+    """GPU time of one batch-1 graph replay (the device's share of a decode step)."""
+    graph = engine.runner.graphs.get(1)
+    if graph is None or device.type != "cuda":
+        return None
+    return time_graph_replays(graph, iterations)
 
 
 def matmul_floor_ms(model, device: torch.device, iterations: int) -> float | None:
@@ -100,14 +105,7 @@ def matmul_floor_ms(model, device: torch.device, iterations: int) -> float | Non
     with torch.inference_mode(), torch.cuda.graph(graph, stream=stream):
         for m, x in zip(linears, inputs):
             m(x)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iterations):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iterations
+    return time_graph_replays(graph, iterations)
 
 
 def kernel_breakdown(log, engine, device: torch.device, rows: int = 12) -> None:

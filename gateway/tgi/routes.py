@@ -19,7 +19,7 @@ import logging
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ..app import require_api_key
+from ..app import health_response, require_api_key
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
 from ..openai.chat import create_chat_completion
 from ..openai.completions import create_completion
@@ -177,9 +177,7 @@ async def _compat(service: GenerationService, request: Request, body: CompatGene
 @router.get("/", include_in_schema=False)
 async def root_health(request: Request) -> Response:
     """TGI answers GET / like /health."""
-    if not _service(request).client.ready:
-        return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503)
-    return Response(status_code=200)
+    return health_response(_service(request).client)
 
 
 @router.post("/invocations", dependencies=_AUTH)
