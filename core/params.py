@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .grammar.spec import GrammarSpec
 
 
 class ValidationError(ValueError):
@@ -35,6 +39,7 @@ class SamplingParams:
     typical_p: float = 1.0  # locally typical sampling; 1.0 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
     watermark: bool = False  # Kirchenbauer et al. green-list watermark (core/watermark.py)
+    grammar: GrammarSpec | None = None  # constrain the output (core/grammar); None = free text
 
     def __post_init__(self) -> None:
         # Accept a bare string or a list for `stop` like vLLM, store a tuple.

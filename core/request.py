@@ -21,6 +21,7 @@ class FinishReason(enum.Enum):
     STOP_TOKEN = "stop_token"  # one of stop_token_ids
     STOP_STRING = "stop_sequence"
     ABORT = "abort"
+    GRAMMAR = "grammar"  # the constraining grammar is complete: nothing more may follow
 
     @property
     def openai(self) -> str:

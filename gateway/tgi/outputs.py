@@ -10,7 +10,8 @@ from ..tokens import token_strings
 from .validation import GenerationPlan
 
 _FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "eos_token",
-                   FinishReason.STOP_TOKEN: "eos_token", FinishReason.STOP_STRING: "stop_sequence"}
+                   FinishReason.STOP_TOKEN: "eos_token", FinishReason.STOP_STRING: "stop_sequence",
+                   FinishReason.GRAMMAR: "eos_token"}  # a complete grammar ends like EOS
 
 
 def finish_reason_name(reason: FinishReason | None) -> str:

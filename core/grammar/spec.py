@@ -1,0 +1,44 @@
+"""What a request asks to be constrained to (gateway -> core), validated at the edge.
+
+A `GrammarSpec` is frozen and hashable: together with the tokenizer it keys the
+compile cache, and it rides in `SamplingParams.grammar` so that the n sequences of
+one request each get their own matcher over one compiled grammar.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from ..params import ValidationError
+
+GrammarKind = Literal["json_schema", "json_object", "regex"]
+
+
+class GrammarError(ValidationError):
+    """A grammar that cannot be compiled (invalid, unsupported, or too slow to compile).
+    The gateway renders it as a 400 (OpenAI) / 422 (TGI) naming `param`."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: GrammarKind
+    # json_schema: the schema as canonical JSON text (sorted keys, no spaces: equal
+    # schemas share one cache entry); regex: the pattern; json_object: "".
+    value: str = ""
+
+    @classmethod
+    def json_schema(cls, schema: dict | bool) -> GrammarSpec:
+        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    @classmethod
+    def json_object(cls) -> GrammarSpec:
+        return cls("json_object", "")
+
+    @classmethod
+    def regex(cls, pattern: str) -> GrammarSpec:
+        return cls("regex", pattern)
+
+    @property
+    def schema(self) -> dict | bool | None:
+        return json.loads(self.value) if self.kind == "json_schema" else None
