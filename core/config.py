@@ -31,6 +31,8 @@ class CacheConfig:
     memory_fraction: float | None = None
     # Upper bound of blocks when sizing automatically (keeps a CPU process polite; device backends ignore it).
     max_auto_blocks: int = 16384
+    # Hash full prompt blocks and reuse them across requests (--disable-prefix-caching turns it off).
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,16 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class GrammarConfig:
+    """Grammar-constrained decoding (core/grammar): which compiler, and its limits."""
+
+    backend: str = "xgrammar"  # "xgrammar" | "outlines" (--grammar-backend)
+    cache_size: int = 128  # compiled grammars kept per tokenizer (LRU)
+    compile_timeout_s: float = 30.0  # a slower compile fails its request alone
+    num_compile_threads: int = 1  # compiles run here, never on the step loop
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
 
@@ -54,6 +66,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
     backend: str | None = None  # None = the best usable backend
     # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
     # None = the backend's own buckets, () = no graphs.
