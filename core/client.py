@@ -16,8 +16,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .request import FinishReason, Request, RequestOutput
+
+if TYPE_CHECKING:
+    from .grammar.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,9 @@ class StepStats:
     num_kv_blocks_used: int
     num_kv_blocks_total: int
     duration_s: float
+    # prefix cache, over this step's admissions: prompt tokens looked up, and found cached
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
 
 class RequestStream:
@@ -91,6 +98,11 @@ class EngineClient(ABC):
 
     @abstractmethod
     def abort(self, request_id: str) -> None: ...
+
+    async def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Compile (and cache) a grammar before submitting the request that uses it;
+        raises GrammarError if it is invalid, unsupported or too slow to compile. The
+        default does nothing: errors then surface when the request's stream is read."""
 
     @property
     @abstractmethod
@@ -172,6 +184,14 @@ class InProcessEngineClient(EngineClient):
         self._commands.put((_ADD, (request, stream), accepted))
         await accepted
         return stream
+
+    async def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Compiles on the engine's grammar workers (never on the step loop or this event
+        loop); the later add_request of a request with this spec hits the cache."""
+        if not self.ready:
+            raise EngineDeadError("the engine is not ready")
+        # shielded: a caller that goes away must not cancel the compile others share
+        await asyncio.shield(asyncio.wrap_future(self.engine.grammar_service.compile(spec)))
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the engine frees the request before its next step."""
@@ -259,7 +279,7 @@ class InProcessEngineClient(EngineClient):
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            by_loop.setdefault(stream.loop, []).append((stream, out))
+            by_loop.setdefault(stream.loop, []).append((stream, out if out.error is None else out.error))
             if out.finished:
                 del self._streams[out.request_id]
         for loop, items in by_loop.items():
@@ -276,10 +296,12 @@ class InProcessEngineClient(EngineClient):
             num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
             num_scheduled_tokens=num_tokens, num_prefill_tokens=num_tokens - num_decodes, num_decodes=num_decodes,
             num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
-            num_kv_blocks_total=pool.num_usable_blocks, duration_s=duration_s)
+            num_kv_blocks_total=pool.num_usable_blocks, duration_s=duration_s,
+            num_prefix_queried_tokens=last.num_prefix_queried_tokens if last is not None else 0,
+            num_prefix_hit_tokens=last.num_prefix_hit_tokens if last is not None else 0)
 
 
-def _deliver(items: list[tuple[RequestStream, RequestOutput]]) -> None:
+def _deliver(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
     for stream, out in items:
         stream.put(out)
 

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 import torch
 
 from .backend import Backend
 from .config import CacheConfig, EngineConfig
+from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
-from .loader import LoadedModel, load_model
+from .loader import LoadedModel, load_model, load_tokenizer
+from .params import ValidationError
 from .plugins import select_backend
 from .request import EngineCoreOutput, FinishReason, Request
 from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
@@ -43,7 +46,9 @@ def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, backend: Backend | None = None):
+    """`tokenizer` is only needed for grammars; without it, it is loaded on the first one."""
+
+    def __init__(self, config: EngineConfig, backend: Backend | None = None, tokenizer=None):
         self.config = config
         self.backend = backend or select_backend(config.backend)
         self.backend.init_device()
@@ -53,58 +58,134 @@ class EngineCore:
         num_blocks = num_kv_blocks_for(config.cache, self.loaded, self.backend)
         kv_caches = self.backend.allocate_kv_cache(self.loaded.num_layers, num_blocks, self.loaded.attention_spec)
         self.runner = self.backend.make_runner(self.loaded, kv_caches, config)
-        self.scheduler = Scheduler(config.scheduler, KVCacheManager(BlockPool(num_blocks), block_size))
+        self.scheduler = Scheduler.for_engine(config, num_blocks, self.backend.capabilities())
         self.sampler = Sampler()
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids)
         self._generators: dict[str, torch.Generator] = {}
         self.last_scheduler_output: SchedulerOutput | None = None  # for step metrics
         self._prompt_logprobs: dict[str, list] = {}  # request id -> scored prompt tokens so far
+        self._tokenizer = tokenizer
+        self.grammar_service = GrammarCompileService(self._make_grammar_compiler, config.grammar)
+        self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids)
+        # constrained requests whose grammar is still compiling: held here, out of the scheduler
+        self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
         logger.info("engine ready: backend=%s kv_blocks=%d (%d tokens)", self.backend.name, num_blocks,
                     self.info.max_batch_total_tokens)
 
     def add_request(self, request: Request) -> None:
-        """Validates against the engine's limits (raises ValidationError) and queues."""
+        """Validates against the engine's limits (raises ValidationError) and queues.
+
+        A constrained request whose grammar is cached (or failed to compile: GrammarError)
+        is settled at once; otherwise it waits here, off the step, until its grammar is
+        compiled, and a failure then comes back as its output's `error`."""
         request.max_model_len = min(request.max_model_len, self.info.max_model_len)
         if not request.eos_token_ids:
             request.eos_token_ids = self.info.eos_token_ids
+        spec = request.sampling_params.grammar
+        if spec is None:
+            self._queue(request)
+            return
+        if request.request_id in self._awaiting_grammar:
+            raise ValidationError(f"request id {request.request_id!r} is already in use")
+        future = self.grammar_service.compile(spec)
+        if future.done():
+            self._queue(request, future.result())
+        else:
+            self._awaiting_grammar[request.request_id] = (request, future)
+
+    def _queue(self, request: Request, compiled=None) -> None:
         self.scheduler.add_request(request)
+        if compiled is not None:
+            self.constrained.add(request.request_id, compiled)
         if not request.sampling_params.greedy and request.sampling_params.seed is not None:
             self._generators[request.request_id] = make_generator(request.sampling_params.seed,
                                                                   self.backend.device)
 
     def finish_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        self._awaiting_grammar.pop(request_id, None)
+        self.constrained.remove(request_id)
         self.scheduler.finish_request(request_id, reason)
         self._generators.pop(request_id, None)
         self._prompt_logprobs.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
 
     def step(self) -> list[EngineCoreOutput]:
+        failed = self._queue_compiled() if self._awaiting_grammar else []
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
         if scheduler_output.is_empty:
-            return []
+            if self._awaiting_grammar and not failed:
+                wait([f for _, f in self._awaiting_grammar.values()], timeout=0.05, return_when=FIRST_COMPLETED)
+            return failed
         logits, request_ids = self.runner.execute(scheduler_output)
         if self.runner.last_prompt_logits:
             self._score_prompt_chunks(scheduler_output)
         if not request_ids:
             self.scheduler.update(scheduler_output, {})
-            return []
+            return failed
         requests = [self.scheduler.get_request(rid) for rid in request_ids]
-        sampled = self.sampler(logits, [self._sample_row(r) for r in requests])
-        finished = self.scheduler.update(scheduler_output, dict(zip(request_ids, sampled.token_ids)))
+        grammar_mask = self.constrained.mask(request_ids)
+        sampled = self.sampler(logits, [self._sample_row(r) for r in requests], grammar_mask)
+        token_ids = dict(zip(request_ids, sampled.token_ids))
+        rejected = self._advance_grammars(token_ids) if grammar_mask is not None else ()
+        finished = self.scheduler.update(scheduler_output, token_ids)
         reasons = {r.request_id: r.finish_reason for r in finished}
+        if grammar_mask is not None:
+            self._finish_complete_grammars([request_ids[i] for i in grammar_mask.rows], reasons)
         for rid in reasons:
             self._generators.pop(rid, None)
-        return [
+            self.constrained.remove(rid)
+        failed += [self._fail(rid, GrammarError("the grammar rejected the sampled token (internal error)"))
+                   for rid in rejected]
+        return failed + [
             EngineCoreOutput(rid, (token,), reasons.get(rid),
                              sampled.logprobs[i] if sampled.logprobs else None,
                              tuple(sampled.top_logprobs[i]) if sampled.top_logprobs else None,
                              self._take_prompt_logprobs(requests[i]))
             for i, (rid, token) in enumerate(zip(request_ids, sampled.token_ids))
         ]
+
+    def _queue_compiled(self) -> list[EngineCoreOutput]:
+        """Queue the waiting requests whose grammar is now compiled; fail those it failed."""
+        failed = []
+        for request_id, (request, future) in list(self._awaiting_grammar.items()):
+            if not future.done():
+                continue
+            del self._awaiting_grammar[request_id]
+            try:
+                self._queue(request, future.result())
+            except ValidationError as exc:  # GrammarError, or the engine's limits
+                failed.append(EngineCoreOutput(request_id, (), FinishReason.ABORT, error=exc))
+        return failed
+
+    def _advance_grammars(self, token_ids: dict[str, int]) -> list[str]:
+        """Advance each constrained request's matcher; the ids of any that rejected their token."""
+        return [rid for rid, token in token_ids.items()
+                if rid in self.constrained and not self.constrained.advance(rid, token)]
+
+    def _finish_complete_grammars(self, request_ids: list[str], reasons: dict) -> None:
+        """Finish (or relabel a length finish of) requests whose grammar is complete."""
+        for rid in request_ids:
+            if rid not in self.constrained or not self.constrained.is_complete(rid):
+                continue
+            if rid not in reasons:
+                self.scheduler.finish_request(rid, FinishReason.GRAMMAR)
+            elif reasons[rid] is not FinishReason.LENGTH:
+                continue
+            reasons[rid] = FinishReason.GRAMMAR
+
+    def _fail(self, request_id: str, error: BaseException) -> EngineCoreOutput:
+        self.finish_request(request_id, FinishReason.ABORT)
+        return EngineCoreOutput(request_id, (), FinishReason.ABORT, error=error)
+
+    def _make_grammar_compiler(self):
+        """Runs on a grammar worker the first time a grammar is compiled."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.config.model)
+        return make_compiler(self.config.grammar, self._tokenizer, self.loaded.vocab_size, self.info.eos_token_ids)
 
     def _score_prompt_chunks(self, scheduler_output: SchedulerOutput) -> None:
         """Log-probabilities of the prompt tokens this step's positions predicted."""
@@ -129,5 +210,6 @@ class EngineCore:
         banned: tuple[int, ...] = ()
         if len(request.output_token_ids) < params.min_tokens:
             banned = params.stop_token_ids + (() if params.ignore_eos else request.eos_token_ids)
+            banned = self.constrained.feasible_bans(request.request_id, banned)
         return SampleRow(request.request_id, params, self._generators.get(request.request_id),
                          request.prompt_token_ids, request.output_token_ids, banned)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from .config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from .config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from .engine import EngineCore
 from .loader import load_tokenizer
 from .output_processor import OutputProcessor
@@ -46,16 +46,17 @@ class LLM:
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
                  load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, seed: int = 0):
+                 max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True, grammar: GrammarConfig | None = None):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
                               max_model_len=max_model_len),
-            cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks),
+            cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks,
+                              enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
-            backend=backend,
+            backend=backend, grammar=grammar or GrammarConfig(),
         )
-        self.engine = EngineCore(self.config)
         self.tokenizer = load_tokenizer(self.config.model)
+        self.engine = EngineCore(self.config, tokenizer=self.tokenizer)
         self._ids = itertools.count()
 
     def generate(self, prompts: str | list[str] | list[list[int]],
@@ -87,7 +88,8 @@ class LLM:
                     raise ValidationError("prompt must not be empty", "prompt")
                 for j in range(p.n):
                     child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
-                    request = Request(f"offline-{next(self._ids)}", ids, child)
+                    # the n samples of a prompt share its KV blocks, even with prefix caching off
+                    request = Request(f"offline-{next(self._ids)}", ids, child, share_group=f"offline-prompt-{i}")
                     self.engine.add_request(request)
                     processor.add_request(request)
                     children[request.request_id] = (i, j)
@@ -98,6 +100,10 @@ class LLM:
         collected = {rid: {"text": [], "ids": [], "reason": None} for rid in children}
         while self.engine.has_unfinished_requests():
             for out in processor.process(self.engine.step()):
+                if out.error is not None:  # e.g. a grammar that did not compile: withdraw the rest
+                    for request_id in children:
+                        self.engine.finish_request(request_id, FinishReason.ABORT)
+                    raise out.error
                 entry = collected[out.request_id]
                 entry["text"].append(out.new_text)
                 entry["ids"].extend(out.new_token_ids)

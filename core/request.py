@@ -86,6 +86,9 @@ class RequestOutput:
     # on the first output, when SamplingParams.prompt_logprobs is set: one entry per prompt
     # token, (token id, logprob (None for the first token), top-n ((id, logprob), ...))
     prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None
+    # set when the request failed after it was queued (e.g. its grammar did not compile);
+    # the client raises it instead of handing out this output
+    error: BaseException | None = None
 
     @property
     def stop_reason(self) -> int | None:
@@ -106,3 +109,4 @@ class EngineCoreOutput:
     top_logprobs: tuple[tuple[int, float], ...] | None = None
     # with the first token, when asked for: (token id, logprob or None for the first, top-n)
     prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None
+    error: BaseException | None = None  # the request failed (finish_reason ABORT, no tokens)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .grammar.constrained import GrammarMask, apply_grammar_mask
 from .params import SamplingParams
 from .watermark import apply_watermark
 
@@ -57,8 +58,14 @@ class Sampler:
     def __init__(self) -> None:
         self._shared: dict[torch.device, torch.Generator] = {}
 
-    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledTokens:
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow], grammar_mask: GrammarMask | None = None
+                 ) -> SampledTokens:
+        """`grammar_mask` sets the constrained rows' disallowed tokens to -inf before any
+        other processing, so penalties, temperature, top-k/p, biases and seeds act on the
+        masked distribution; log-probabilities stay those of the raw model."""
         raw_logits = logits
+        if grammar_mask is not None:
+            logits = apply_grammar_mask(logits, grammar_mask)
         logits = apply_penalties(logits, rows)
         logits = apply_bias_and_watermark(logits, rows)
         greedy = [r.params.greedy for r in rows]

@@ -23,13 +23,14 @@ class GrammarError(ValidationError):
 @dataclass(frozen=True)
 class GrammarSpec:
     kind: GrammarKind
-    # json_schema: the schema as canonical JSON text (sorted keys, no spaces: equal
-    # schemas share one cache entry); regex: the pattern; json_object: "".
+    # json_schema: the schema as compact JSON text (no spaces, keys in the caller's order:
+    # the order of "properties" is the order the model writes them in, so it is kept);
+    # regex: the pattern; json_object: "".
     value: str = ""
 
     @classmethod
     def json_schema(cls, schema: dict | bool) -> GrammarSpec:
-        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls("json_schema", json.dumps(schema, separators=(",", ":")))
 
     @classmethod
     def json_object(cls) -> GrammarSpec:

@@ -1,0 +1,93 @@
+"""The compiler interface both grammar backends implement, and token bitmask helpers.
+
+A compiler turns a `GrammarSpec` into a `CompiledGrammar` (immutable, shared by every
+request with that spec); each request gets its own `GrammarMatcher` from it. Bitmasks
+are int32 tensors of shape [rows, ceil(vocab_size / 32)] on the host: bit j of word w
+allows token 32 * w + j. `vocab_size` is the model's logits width, which may exceed the
+tokenizer's length; ids past the tokenizer are never allowed.
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+
+import torch
+
+from .spec import GrammarError, GrammarSpec
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
+    return torch.zeros(num_rows, bitmask_words(vocab_size), dtype=torch.int32)
+
+
+def token_words(token_ids, vocab_size: int) -> torch.Tensor:
+    """A bitmask row [words] with the given tokens' bits set."""
+    words = [0] * bitmask_words(vocab_size)
+    for token_id in token_ids:
+        if 0 <= token_id < vocab_size:
+            words[token_id // 32] |= 1 << (token_id % 32)
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, vocab_size] bool (True = allowed), on bitmask's device."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+class GrammarMatcher(ABC):
+    """One request's position in a compiled grammar."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar forbids it."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed next into bitmask[row] (EOS only in accepting states)."""
+
+    @property
+    @abstractmethod
+    def can_terminate(self) -> bool:
+        """In an accepting state: the output so far is a complete match, EOS may follow."""
+
+    @property
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """An end-of-sequence token was accepted."""
+
+
+class CompiledGrammar(ABC):
+    @abstractmethod
+    def new_matcher(self) -> GrammarMatcher: ...
+
+
+class GrammarCompiler(ABC):
+    """Compiles specs for one tokenizer and logits width. Thread-safe `compile`."""
+
+    name: str
+
+    @abstractmethod
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Raises GrammarError for an invalid or unsupported spec."""
+
+
+_NATIVE_PREFIX = re.compile(r"^\[[\d:]+\]\s*\S+:\d+:\s*")  # "[14:48:29] /project/cpp/x.cc:94: "
+
+
+def grammar_error(spec: GrammarSpec, exc: BaseException) -> GrammarError:
+    """A compiler's exception as a GrammarError naming the problem and the parameter."""
+    message = _NATIVE_PREFIX.sub("", str(exc).strip()).strip() or type(exc).__name__
+    what = {"json_schema": "invalid or unsupported JSON schema", "json_object": "JSON object grammar",
+            "regex": "invalid or unsupported regular expression"}[spec.kind]
+    return GrammarError(f"{what}: {message}", param_of(spec))
+
+
+def param_of(spec: GrammarSpec) -> str:
+    """The request parameter a spec most likely came from (the gateway may rename it)."""
+    return "grammar" if spec.kind == "regex" else "response_format"

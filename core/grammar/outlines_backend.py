@@ -1,0 +1,92 @@
+"""outlines-core: a regex (JSON schemas become one) compiled into a token-level DFA index."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error, token_words
+from .spec import GrammarSpec
+from .vocabulary import token_byte_map
+
+# Compact JSON: no free whitespace (small models otherwise loop on it until max_tokens).
+_WHITESPACE = ""
+
+
+class OutlinesMatcher(GrammarMatcher):
+    def __init__(self, compiled: OutlinesCompiled):
+        import outlines_core
+
+        self._compiled = compiled
+        self._guide = outlines_core.Guide(compiled.index)
+        self._terminated = False
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        if token_id in self._compiled.eos_token_ids:
+            if not self._guide.is_finished():
+                return False
+            self._terminated = True
+            return True
+        if not self._guide.accepts_tokens([token_id]):
+            return False
+        self._guide.advance(token_id, return_tokens=False)
+        return True
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        target = bitmask[row]
+        if self._terminated:
+            target.zero_()
+            return
+        self._guide.write_mask_into(target.data_ptr(), target.numel(), 4)
+        if self._guide.is_finished():  # every EOS id, not only the one outlines knows
+            target |= self._compiled.eos_words
+        else:
+            target &= ~self._compiled.eos_words
+
+    @property
+    def can_terminate(self) -> bool:
+        return not self._terminated and self._guide.is_finished()
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+
+class OutlinesCompiled(CompiledGrammar):
+    def __init__(self, index, eos_token_ids: tuple[int, ...], eos_words: torch.Tensor):
+        self.index = index
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.eos_words = eos_words
+
+    def new_matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self)
+
+
+class OutlinesCompiler(GrammarCompiler):
+    name = "outlines"
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        import outlines_core
+
+        if not eos_token_ids:
+            raise ValueError("the outlines grammar backend needs an end-of-sequence token id")
+        self._vocabulary = outlines_core.Vocabulary(eos_token_ids[0], token_byte_map(tokenizer, vocab_size))
+        self._eos_token_ids = eos_token_ids
+        self._eos_words = token_words(eos_token_ids, vocab_size)
+
+    def compile(self, spec: GrammarSpec) -> OutlinesCompiled:
+        import outlines_core
+        from outlines_core.json_schema import build_regex_from_schema
+
+        try:
+            if spec.kind == "regex":
+                regex = spec.value
+            else:
+                schema = spec.value if spec.kind == "json_schema" else json.dumps({"type": "object"})
+                regex = build_regex_from_schema(schema, whitespace_pattern=_WHITESPACE)
+            index = outlines_core.Index(regex, self._vocabulary)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise grammar_error(spec, exc) from None
+        return OutlinesCompiled(index, self._eos_token_ids, self._eos_words)

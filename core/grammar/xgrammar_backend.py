@@ -1,0 +1,68 @@
+"""xgrammar: pushdown automata with a precomputed per-state token mask cache."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error
+from .spec import GrammarSpec
+
+# Compact JSON: no free whitespace between tokens. Small models given the freedom
+# to emit whitespace tend to loop on it until max_tokens; compact output ends.
+_COMPACT = {"any_whitespace": False, "separators": (",", ":")}
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, compiled):
+        import xgrammar
+
+        self._matcher = xgrammar.GrammarMatcher(compiled)
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    @property
+    def can_terminate(self) -> bool:
+        return self._matcher.is_completed()
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+
+class XGrammarCompiled(CompiledGrammar):
+    def __init__(self, compiled):
+        self._compiled = compiled
+
+    def new_matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self._compiled)
+
+
+class XGrammarCompiler(GrammarCompiler):
+    name = "xgrammar"
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...], num_threads: int = 1):
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                       stop_token_ids=list(eos_token_ids))
+        # Our own LRU (GrammarCompileService) bounds the cache; xgrammar's would be a second one.
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=num_threads, cache_enabled=False)
+
+    def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        try:
+            if spec.kind == "json_schema":
+                compiled = self._compiler.compile_json_schema(spec.value, **_COMPACT)
+            elif spec.kind == "json_object":
+                # Any object (not any JSON value), extra properties allowed, still compact.
+                compiled = self._compiler.compile_json_schema(json.dumps({"type": "object"}), strict_mode=False,
+                                                              **_COMPACT)
+            else:
+                compiled = self._compiler.compile_regex(spec.value)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise grammar_error(spec, exc) from None
+        return XGrammarCompiled(compiled)
