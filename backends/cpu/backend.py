@@ -10,6 +10,8 @@ from switchyard.core.backend import AttentionKernel, AttentionSpec, Backend, Cap
 
 from .attention import CpuAttentionKernel, StepPlanCache
 from .distributed import GlooCommunicator, MultiprocessLauncher, init_process_group
+from .linear import pack_linears, packing_supported
+from .tuning import choose_single_row_products
 
 CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; "
                       "decodes batched in one call, one call per prompt chunk)")
@@ -30,8 +32,10 @@ class CpuBackend(Backend):
     name = "cpu"
     priority = 0
 
-    def __init__(self) -> None:
+    def __init__(self, pack_weights: bool = True) -> None:
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
+        # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
+        self.pack_weights = pack_weights and packing_supported()
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -60,6 +64,14 @@ class CpuBackend(Backend):
 
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
         return CpuAttentionKernel(spec, self._plans)
+
+    def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
+        """The plain runner, once the linear weights are packed for oneDNN (linear.py) and
+        the remaining linears know how this CPU multiplies a single row (tuning.py)."""
+        if self.pack_weights:
+            pack_linears(loaded.model)
+        choose_single_row_products(loaded.model)
+        return super().make_runner(loaded, kv_caches, config)
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
         """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc),

@@ -15,14 +15,21 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except a single reduced-precision row goes through matrix-vector
-    multiplication: on CPUs, bf16 GEMM with M=1 is 2-3x slower than bf16 GEMV
-    (measured with torch 2.13: lm_head of SmolLM2 4.4 ms vs 1.3 ms), and batch-1
-    decode is nothing but such products."""
-    if x.shape[0] == 1 and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16):
-        out = torch.mv(weight, x[0]).unsqueeze(0)
-        return out if bias is None else out + bias
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           single_row_matvec: bool | None = None) -> torch.Tensor:
+    """F.linear, except that a single row may go through matrix-vector multiplication.
+
+    Which one is faster depends on the CPU and the torch build: on a Xeon with AMX,
+    bf16 GEMM with M=1 was 2-3x slower than bf16 GEMV (lm_head of SmolLM2 4.4 ms vs
+    1.3 ms, torch 2.13); on an AVX-512 EPYC without AMX it is the other way round
+    (1.8 ms vs 4.0 ms). `single_row_matvec`: True/False as a backend measured it for
+    this weight; None = matvec for reduced-precision weights (the AMX measurement)."""
+    if x.shape[0] == 1 and x.dim() == 2:
+        if single_row_matvec is None:
+            single_row_matvec = x.dtype in (torch.bfloat16, torch.float16)
+        if single_row_matvec:
+            out = torch.mv(weight, x[0]).unsqueeze(0)
+            return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
 
@@ -37,9 +44,11 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = _empty_param(out_features, in_features, dtype=dtype)
         self.bias = _empty_param(out_features, dtype=dtype) if bias else None
+        # How a single row is multiplied (see `linear`); a backend may set it per layer.
+        self.single_row_matvec: bool | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.single_row_matvec)
 
 
 class MergedLinear(Linear):
