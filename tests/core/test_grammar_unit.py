@@ -1,0 +1,210 @@
+"""core/grammar without a model: vocabulary bytes, both compilers' masks, the compile
+service (cache, LRU, time limit), constrained-request bookkeeping and the masked sampler."""
+import threading
+import time
+
+import pytest
+import torch
+
+from switchyard.core.config import GrammarConfig
+from switchyard.core.grammar import GrammarCompileService, GrammarError, GrammarSpec, make_compiler
+from switchyard.core.grammar.base import CompiledGrammar, GrammarCompiler, allocate_bitmask, unpack_bitmask
+from switchyard.core.grammar.constrained import ConstrainedRequests, GrammarMask, apply_grammar_mask
+from switchyard.core.grammar.vocabulary import token_byte_map, token_bytes
+from switchyard.core.params import SamplingParams
+from switchyard.core.sampling import Sampler, SampleRow, make_generator
+
+EOS = 2
+VOCAB = 49152 + 64  # a logits width past the tokenizer's length: the extra ids are never allowed
+BACKENDS = ["xgrammar", "outlines"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def compiler(request, default_tokenizer):
+    return make_compiler(GrammarConfig(backend=request.param), default_tokenizer, VOCAB, (EOS,))
+
+
+def allowed(matcher) -> set[int]:
+    bitmask = allocate_bitmask(2, VOCAB)
+    matcher.fill_bitmask(bitmask, 1)
+    return set(unpack_bitmask(bitmask, VOCAB)[1].nonzero().flatten().tolist())
+
+
+def test_token_bytes_of_byte_level_and_byte_fallback_tokens(default_tokenizer):
+    assert token_bytes("Ġthe", byte_level=True) == b" the"
+    assert token_bytes("Ċ", byte_level=True) == b"\n"
+    assert token_bytes("<0x0A>", byte_level=False) == b"\n"
+    assert token_bytes("\u2581the", byte_level=False) == b" the"
+    mapping = token_byte_map(default_tokenizer, VOCAB)
+    ids = {i for ids in mapping.values() for i in ids}
+    assert not ids & set(default_tokenizer.all_special_ids)
+    text = ' {"name": "Zoë"}\n'
+    encoded = default_tokenizer.encode(text, add_special_tokens=False)
+    by_id = {i: b for b, ids in mapping.items() for i in ids}
+    assert b"".join(by_id[i] for i in encoded) == text.encode()
+
+
+@pytest.mark.parametrize("spec,text", [
+    (GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}},
+                              "required": ["a", "b"], "additionalProperties": False}), '{"a":12,"b":"y"}'),
+    (GrammarSpec.regex(r"\d{4}-\d{2}-\d{2}"), "2024-02-29"),
+    (GrammarSpec.json_object(), '{"k":[1,2,{"z":null}]}'),
+])
+def test_every_token_of_a_valid_text_is_allowed_and_eos_only_at_the_end(compiler, default_tokenizer, spec, text):
+    matcher = compiler.compile(spec).new_matcher()
+    for token_id in default_tokenizer.encode(text, add_special_tokens=False):
+        now = allowed(matcher)
+        assert token_id in now and EOS not in now and not matcher.can_terminate
+        assert not now & set(range(49152, VOCAB))
+        assert matcher.accept_token(token_id)
+    assert matcher.can_terminate and EOS in allowed(matcher)
+    assert matcher.accept_token(EOS) and matcher.is_terminated
+
+
+def test_a_token_outside_the_grammar_is_rejected(compiler, default_tokenizer):
+    matcher = compiler.compile(GrammarSpec.regex("(yes|no)")).new_matcher()
+    assert not matcher.accept_token(default_tokenizer.encode("maybe", add_special_tokens=False)[0])
+    assert not matcher.accept_token(EOS)
+
+
+@pytest.mark.parametrize("spec,param", [
+    (GrammarSpec.regex("(unclosed"), "grammar"),
+    (GrammarSpec("json_schema", '{"type":"objectx"}'), "response_format"),
+    (GrammarSpec("json_schema", '{"type":5}'), "response_format"),
+])
+def test_invalid_specs_raise_grammar_error_naming_the_parameter(compiler, spec, param):
+    with pytest.raises(GrammarError) as info:
+        compiler.compile(spec)
+    assert info.value.param == param and str(info.value)
+
+
+class FakeCompiled(CompiledGrammar):
+    def __init__(self, spec):
+        self.spec = spec
+
+    def new_matcher(self):
+        raise NotImplementedError
+
+
+class FakeCompiler(GrammarCompiler):
+    """Compiles instantly, except regexes starting with "slow" (sleeps) or "bad" (fails)."""
+
+    name = "fake"
+
+    def __init__(self, delay_s=1.0):
+        self.delay_s = delay_s
+        self.calls = []
+
+    def compile(self, spec):
+        self.calls.append(spec)
+        if spec.value.startswith("slow"):
+            time.sleep(self.delay_s)
+        if spec.value.startswith("bad"):
+            raise GrammarError("bad grammar", "grammar")
+        return FakeCompiled(spec)
+
+
+def test_service_caches_and_evicts_the_least_recently_used():
+    fake = FakeCompiler()
+    service = GrammarCompileService(lambda: fake, GrammarConfig(cache_size=2))
+    a, b, c = (GrammarSpec.regex(x) for x in "abc")
+    first = service.compile(a).result(5)
+    assert service.compile(a).result(5) is first and (service.num_hits, service.num_misses) == (1, 1)
+    service.compile(b).result(5)
+    service.compile(a)  # a is now the most recently used
+    service.compile(c).result(5)  # evicts b
+    assert a in service and c in service and b not in service and len(service) == 2
+    service.compile(b).result(5)
+    assert fake.calls == [a, b, c, b]
+
+
+def test_service_errors_are_grammar_errors_and_cached():
+    fake = FakeCompiler()
+    service = GrammarCompileService(lambda: fake, GrammarConfig())
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="bad grammar"):
+            service.compile(GrammarSpec.regex("bad")).result(5)
+    assert len(fake.calls) == 1
+
+
+def test_a_slow_compile_fails_alone_and_a_late_result_serves_retries():
+    fake = FakeCompiler(delay_s=1.0)
+    service = GrammarCompileService(lambda: fake, GrammarConfig(compile_timeout_s=0.2, num_compile_threads=1))
+    slow = service.compile(GrammarSpec.regex("slow"))
+    quick = service.compile(GrammarSpec.regex("quick"))  # queued behind the slow one on the one worker
+    start = time.monotonic()
+    with pytest.raises(GrammarError, match="took longer than 0.2 s") as info:
+        slow.result(5)
+    assert info.value.param == "grammar"
+    assert isinstance(quick.result(5), FakeCompiled)
+    assert time.monotonic() - start < 0.9  # a fresh worker took over; no wait for the slow one
+    assert service.num_timeouts == 1
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not isinstance(_settled(service, "slow"), FakeCompiled):
+        time.sleep(0.05)
+    assert isinstance(service.compile(GrammarSpec.regex("slow")).result(0), FakeCompiled)
+
+
+def _settled(service, value):
+    future = service.compile(GrammarSpec.regex(value))
+    return future.exception(0) or future.result(0) if future.done() else None
+
+
+def test_service_is_thread_safe_under_concurrent_callers():
+    fake = FakeCompiler()
+    service = GrammarCompileService(lambda: fake, GrammarConfig(cache_size=8, num_compile_threads=2))
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(service.compile(GrammarSpec.regex(str(i % 4))).result(5)))
+               for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 32 and len(fake.calls) == 4
+
+
+def test_constrained_requests_mask_only_their_rows_and_keep_bans_feasible(default_tokenizer):
+    compiler = make_compiler(GrammarConfig(), default_tokenizer, VOCAB, (EOS,))
+    requests = ConstrainedRequests(VOCAB, (EOS,))
+    assert requests.mask(["a", "b"]) is None
+    requests.add("b", compiler.compile(GrammarSpec.regex("(yes|no)")))
+    mask = requests.mask(["a", "b", "c"])
+    assert mask.rows == (1,) and mask.bitmask.shape == (1, (VOCAB + 31) // 32)
+    yes = default_tokenizer.encode("yes", add_special_tokens=False)
+    assert requests.feasible_bans("b", (EOS,)) == (EOS,)
+    for token_id in yes:
+        assert not requests.is_complete("b")
+        assert requests.advance("b", token_id)
+    assert requests.is_complete("b")  # only EOS may follow
+    assert requests.feasible_bans("b", (EOS, 5)) == ()  # banning EOS would leave nothing: grammar wins
+    requests.remove("b")
+    assert not requests and requests.mask(["b"]) is None
+
+
+def test_apply_grammar_mask_touches_only_constrained_rows_and_copies():
+    logits = torch.randn(3, 100)
+    raw = logits.clone()
+    bitmask = torch.zeros(1, 4, dtype=torch.int32)
+    bitmask[0, 0] = 0b1010  # tokens 1 and 3
+    masked = apply_grammar_mask(logits, GrammarMask((1,), bitmask))
+    assert torch.equal(logits, raw)
+    assert torch.equal(masked[0], raw[0]) and torch.equal(masked[2], raw[2])
+    assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [1, 3]
+
+
+def test_masked_sampler_samples_allowed_tokens_with_seeds_penalties_and_bias():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 64)
+    bitmask = torch.zeros(2, 2, dtype=torch.int32)
+    bitmask[:, 0] = 0b111000  # tokens 3, 4, 5
+    params = SamplingParams(temperature=1.0, seed=7, repetition_penalty=1.3, presence_penalty=0.5, top_p=0.9,
+                            top_k=20, logit_bias={10: 100.0}, logprobs=2)
+    rows = [SampleRow(f"r{i}", params, make_generator(7, torch.device("cpu")), [1, 2, 3], [4, 4])
+            for i in range(2)]
+    first = Sampler()(logits, rows, GrammarMask((0, 1), bitmask))
+    assert all(t in (3, 4, 5) for t in first.token_ids) and first.token_ids[0] == first.token_ids[1]
+    rows = [SampleRow(r.request_id, params, make_generator(7, torch.device("cpu")), [1, 2, 3], [4, 4])
+            for r in rows]
+    assert Sampler()(logits, rows, GrammarMask((0, 1), bitmask)).token_ids == first.token_ids
+    raw = torch.log_softmax(logits, -1)
+    assert first.logprobs[0] == pytest.approx(raw[0, first.token_ids[0]].item(), abs=1e-5)  # raw distribution
