@@ -41,8 +41,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     # Most requests running at once: TGI --max-batch-size.
     max_num_seqs: int = 256
-    # Backends that cannot mix prefill and decode in one step set this False.
+    # Backends that cannot mix prefill and decode in one step set this False; their steps
+    # are prefill-only or decode-only, chosen by TGI's router policy (core/prefill_policy.py):
+    # a prefill step once waiting >= floor(decoding * waiting_served_ratio) (TGI
+    # --waiting-served-ratio), or after max_waiting_tokens - 1 decode steps in a row (TGI
+    # --max-waiting-tokens), or when nothing can decode.
     mixed_prefill_decode: bool = True
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,13 @@ class Request:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # time.monotonic() when first admitted to the batch
+    # Prefix caching (core/kv): requests share KV blocks only with an equal salt (per adapter or
+    # tenant); requests of one share group (the n / best_of sequences of one prompt) share their
+    # live prompt blocks even when prefix caching is off.
+    cache_salt: str | None = None
+    share_group: str | None = None
+    block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, in order (kept on preemption)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -56,6 +63,16 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """all_token_ids[start:stop] without concatenating the whole list."""
+        prompt, outputs = self.prompt_token_ids, self.output_token_ids
+        num_prompt = len(prompt)
+        if start >= num_prompt:
+            return outputs[start - num_prompt:stop - num_prompt]
+        if stop <= num_prompt:
+            return prompt[start:stop]
+        return prompt[start:] + outputs[:stop - num_prompt]
 
     @property
     def max_num_tokens(self) -> int:

@@ -2,7 +2,20 @@
 
 Every request has `num_tokens` (prompt + outputs) and `num_computed_tokens`; each
 step hands out tokens so that the computed count catches up: one token for a
-decode, a chunk of the prompt for a prefill, all within one token budget.
+decode, a chunk of the prompt for a prefill, all within one token budget
+(SchedulerConfig.max_num_batched_tokens, TGI's --max-batch-prefill-tokens; as in
+TGI's chunking mode the decodes of a step count against it).
+
+Order within a step: decodes of running requests first (so running streams never
+stall behind a long prompt), then the next prompt chunks of running requests, then
+admissions from the FCFS queue, each starting after its longest cached prefix.
+Blocks short: the last-admitted request that is not scheduled in this step is
+preempted (recomputed later; its hashed blocks usually survive in the cache), a
+prompt chunk shrinks to the room left, and a step that preempted or left a running
+request without room admits nobody, so the head of the queue is never overtaken.
+
+Backends that cannot mix prefill and decode (mixed_prefill_decode=False) get steps
+of one kind, chosen by TGI's router policy (prefill_policy.py).
 
 The engine calls `schedule()`, runs the model, samples, then calls `update()`, all
 on one thread; aborts and stop strings go through `finish_request()` between steps.
@@ -12,24 +25,38 @@ from __future__ import annotations
 import time
 
 from collections import deque
+from dataclasses import replace
 
-from .config import SchedulerConfig
-from .kv.kv_cache_manager import KVCacheManager
+from .config import EngineConfig, SchedulerConfig
+from .kv import BlockPool, KVCacheManager
 from .params import ValidationError
+from .prefill_policy import PrefillPolicy
 from .request import FinishReason, Request, RequestStatus
-from .scheduler_output import ScheduledRequest, SchedulerOutput
+from .scheduler_output import ScheduledRequest, SchedulerOutput, StepDraft
 
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+        if scheduler_config.max_num_batched_tokens < 1 or scheduler_config.max_num_seqs < 1:
+            raise ValueError(f"the token budget and the batch size must be positive: {scheduler_config}")
         self.config = scheduler_config
         self.kv_cache_manager = kv_cache_manager
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[Request] = []  # in admission order; the last is preempted first
         self.num_preemptions = 0  # over the scheduler's life, for metrics and tests
-        # Backends that cannot mix prefill and decode (config.mixed_prefill_decode=False)
-        # still get mixed steps: that policy (TGI's waiting-served ratio) is not built yet.
+        self.prefill_policy = None if scheduler_config.mixed_prefill_decode else PrefillPolicy(
+            scheduler_config.waiting_served_ratio, scheduler_config.max_waiting_tokens)
+        self._awaiting_update = False  # schedule() returned an output update() has not seen
+
+    @classmethod
+    def for_engine(cls, config: EngineConfig, num_blocks: int, capabilities) -> Scheduler:
+        """The configured policy, narrowed to what the backend (core.backend.Capabilities) can do."""
+        scheduler_config = config.scheduler
+        if not capabilities.mixed_prefill_decode:
+            scheduler_config = replace(scheduler_config, mixed_prefill_decode=False)
+        caching = config.cache.enable_prefix_caching and capabilities.prefix_caching
+        return cls(scheduler_config, KVCacheManager(BlockPool(num_blocks), config.cache.block_size, caching))
 
     # ---- admission -------------------------------------------------------------
 
@@ -43,6 +70,7 @@ class Scheduler:
             raise ValidationError(
                 f"the prompt has {request.num_prompt_tokens} tokens; with one generated token that "
                 f"exceeds the context length of {request.max_model_len} tokens", "prompt")
+        # Cached blocks are evictable, so the whole pool is the bound with or without prefix caching.
         if not self.kv_cache_manager.can_ever_fit(request.num_prompt_tokens + 1):
             raise ValidationError(
                 f"the prompt has {request.num_prompt_tokens} tokens; with one generated token that "
@@ -54,48 +82,105 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled, preempted_ids, budget = self._schedule_running(budget)
-        # A step that had to preempt admits nobody: the pool is too tight already.
-        if not preempted_ids:
-            scheduled += self._schedule_waiting(budget)
-        # Decodes (one new token) first, then longer chunks; stable within each group.
-        scheduled.sort(key=lambda s: s.num_new_tokens != 1)
-        return SchedulerOutput(scheduled=tuple(scheduled), preempted_ids=tuple(preempted_ids))
+        if self._awaiting_update:  # the last step never ran: its new hashes describe nothing
+            self.kv_cache_manager.discard_unconfirmed()
+        self._awaiting_update = True
+        draft = StepDraft(self.config.max_num_batched_tokens)
+        if self.prefill_policy is None:
+            self._schedule_decodes(draft)
+            self._schedule_prefills(draft)
+        else:
+            self._schedule_one_kind(draft)
+        return draft.output()
 
-    def _schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], list[str], int]:
-        scheduled: list[ScheduledRequest] = []
-        preempted_ids: list[str] = []
+    def _schedule_one_kind(self, draft: StepDraft) -> None:
+        """A prefill-only or a decode-only step (the other kind if the first finds nothing)."""
+        num_decodable = sum(1 for r in self.running if _is_decode(r))
+        num_candidates = len(self.waiting) + len(self.running) - num_decodable
+        prefill_first = self.prefill_policy.takes_prefill(num_decodable, num_candidates)
+        for prefill in (prefill_first, not prefill_first):
+            (self._schedule_prefills if prefill else self._schedule_decodes)(draft)
+            if draft.scheduled:
+                self.prefill_policy.record(prefill)
+                return
+
+    def _schedule_decodes(self, draft: StepDraft) -> None:
+        """One token for each running request that has only its last token to compute."""
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and draft.budget > 0:
             request = self.running[index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv_cache_manager.allocate_slots(request, num_new_tokens):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted_ids.append(victim.request_id)
-                if victim is request:
-                    return scheduled, preempted_ids, budget
-            scheduled.append(self._scheduled_request(request, num_new_tokens))
-            budget -= num_new_tokens
-            index += 1
-        return scheduled, preempted_ids, budget
+            if not _is_decode(request) or request.request_id in draft.scheduled:
+                index += 1
+                continue
+            while not self.kv_cache_manager.allocate_slots(request, 1):
+                victim_index = self._last_unscheduled_after(index, draft)
+                if victim_index is None:  # it is the last admitted itself
+                    self._preempt_at(index, draft)
+                    break
+                self._preempt_at(victim_index, draft)
+            else:
+                draft.add(self._scheduled_request(request, 1))
+                index += 1
 
-    def _schedule_waiting(self, budget: int) -> list[ScheduledRequest]:
-        scheduled: list[ScheduledRequest] = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _schedule_prefills(self, draft: StepDraft) -> None:
+        """The next prompt chunks of running requests, then admissions."""
+        index = 0
+        while index < len(self.running) and draft.budget > 0:
+            request = self.running[index]
+            num_left = request.num_tokens - request.num_computed_tokens
+            if num_left > 1 and request.request_id not in draft.scheduled:
+                num_new = self._make_room(request, index, min(num_left, draft.budget), draft)
+                if num_new:
+                    draft.add(self._scheduled_request(request, num_new))
+                else:
+                    draft.blocked = True
+            index += 1
+        if not draft.preempted_ids and not draft.blocked:
+            self._schedule_waiting(draft)
+
+    def _make_room(self, request: Request, index: int, num_wanted: int, draft: StepDraft) -> int:
+        """Allocate for up to `num_wanted` tokens, preempting later-admitted requests not
+        scheduled in this step; with none left, take the room there is. Returns the count."""
+        manager = self.kv_cache_manager
+        while True:
+            room = (len(request.block_ids) + manager.num_free_blocks) * manager.block_size \
+                - request.num_computed_tokens
+            num_new = min(num_wanted, room)
+            victim_index = None if num_new == num_wanted else self._last_unscheduled_after(index, draft)
+            if victim_index is None:
+                break
+            self._preempt_at(victim_index, draft)
+        if num_new > 0:
+            assert manager.allocate_slots(request, num_new)
+        return max(0, num_new)
+
+    def _last_unscheduled_after(self, index: int, draft: StepDraft) -> int | None:
+        """The running request admitted last after running[index] and not scheduled now."""
+        for victim_index in range(len(self.running) - 1, index, -1):
+            if self.running[victim_index].request_id not in draft.scheduled:
+                return victim_index
+        return None
+
+    def _schedule_waiting(self, draft: StepDraft) -> None:
+        manager = self.kv_cache_manager
+        while self.waiting and draft.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv_cache_manager.allocate_slots(request, num_new_tokens):
+            computed_blocks = manager.get_computed_blocks(request)
+            num_cached = len(computed_blocks) * manager.block_size
+            num_new_tokens = min(request.num_tokens - num_cached, draft.budget)
+            if not manager.allocate_slots(request, num_new_tokens, computed_blocks):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
+            request.num_computed_tokens = num_cached
+            if manager.looks_up(request):
+                draft.num_prefix_queried_tokens += request.num_tokens
+                draft.num_prefix_hit_tokens += num_cached
             request.status = RequestStatus.RUNNING
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
+                request.num_cached_tokens = num_cached
             self.running.append(request)
-            scheduled.append(self._scheduled_request(request, num_new_tokens))
-            budget -= num_new_tokens
-        return scheduled
+            draft.add(self._scheduled_request(request, num_new_tokens))
 
     def _scheduled_request(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -103,7 +188,7 @@ class Scheduler:
         assert 0 < num_new_tokens and stop <= request.num_tokens <= request.max_num_tokens
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=_token_slice(request, start, stop),
+            token_ids=tuple(request.token_slice(start, stop)),
             num_computed_tokens=start,
             block_ids=tuple(request.block_ids),
             samples=stop == request.num_tokens,
@@ -112,8 +197,15 @@ class Scheduler:
                                       and start < request.num_prompt_tokens - 1),
         )
 
+    def _preempt_at(self, index: int, draft: StepDraft) -> None:
+        victim = self.running.pop(index)
+        assert victim.request_id not in draft.scheduled
+        self._preempt(victim)
+        draft.preempted_ids.append(victim.request_id)
+
     def _preempt(self, request: Request) -> None:
-        """Drop the request's KV and queue it first; it is recomputed (prompt + outputs) later."""
+        """Drop the request's KV and queue it first; it is recomputed (prompt + outputs) later,
+        from its blocks still in the prefix cache."""
         self.kv_cache_manager.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
@@ -123,6 +215,8 @@ class Scheduler:
 
     def update(self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
         """Advance the computed counts, append sampled tokens; return the requests finished now."""
+        self._awaiting_update = False
+        self.kv_cache_manager.confirm()
         finished: list[Request] = []
         for scheduled in scheduler_output.scheduled:
             request = self.requests.get(scheduled.request_id)
@@ -200,12 +294,6 @@ class Scheduler:
         return len(self.waiting)
 
 
-def _token_slice(request: Request, start: int, stop: int) -> tuple[int, ...]:
-    """request.all_token_ids[start:stop] without concatenating the whole list."""
-    prompt, outputs = request.prompt_token_ids, request.output_token_ids
-    num_prompt = len(prompt)
-    if start >= num_prompt:
-        return tuple(outputs[start - num_prompt:stop - num_prompt])
-    if stop <= num_prompt:
-        return tuple(prompt[start:stop])
-    return tuple(prompt[start:]) + tuple(outputs[:stop - num_prompt])
+def _is_decode(request: Request) -> bool:
+    """Only its last token is left to compute (it samples with one new token)."""
+    return request.num_tokens - request.num_computed_tokens == 1

@@ -1,7 +1,7 @@
 """scheduler -> runner: what to compute in one step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]  # decodes first, then prompt chunks
     preempted_ids: tuple[str, ...] = ()
+    # Prefix cache, over this step's admissions: tokens looked up, and found cached.
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
     @property
     def num_batched_tokens(self) -> int:
@@ -37,3 +40,26 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass
+class StepDraft:
+    """One step while the scheduler builds it (becomes a SchedulerOutput)."""
+
+    budget: int  # tokens left
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
+    preempted_ids: list[str] = field(default_factory=list)
+    blocked: bool = False  # a running request got no room: admit nobody
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+
+    def add(self, scheduled: ScheduledRequest) -> None:
+        self.scheduled[scheduled.request_id] = scheduled
+        self.budget -= scheduled.num_new_tokens
+
+    def output(self) -> SchedulerOutput:
+        # Decodes (one new token) first, then longer chunks; stable within each group.
+        scheduled = sorted(self.scheduled.values(), key=lambda s: s.num_new_tokens != 1)
+        return SchedulerOutput(scheduled=tuple(scheduled), preempted_ids=tuple(self.preempted_ids),
+                               num_prefix_queried_tokens=self.num_prefix_queried_tokens,
+                               num_prefix_hit_tokens=self.num_prefix_hit_tokens)

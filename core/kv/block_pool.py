@@ -1,14 +1,17 @@
-"""The block pool: which KV blocks are free, and how many owners each one has.
+"""The block pool: which KV blocks are free, how many owners each one has, and
+which full blocks are cached under the hash of their token chain.
 
 Pure Python, no torch. Block 0 is reserved (block tables are padded with it) and
 is never handed out. Free blocks wait in an LRU queue: `allocate` takes the
 least recently freed block first, `free` puts a block at the most recent end.
 
-Room for prefix caching (not built yet): a full block will carry the hash of its
-token chain. A freed block keeps its hash while it sits in the free queue; a cache
-hit revives it with `incref` (which pulls it out of the queue), and `allocate`
-evicts from the least recently used end, dropping the evicted block's hash. The
-free queue is an ordered dict so that a revived block leaves it in O(1).
+Prefix caching: a full block carries the hash of its token chain (`cache_block`).
+A freed block keeps its hash while it sits in the free queue; a cache hit revives
+it with `incref` (which pulls it out of the queue), and `allocate` evicts from the
+least recently used end, dropping the evicted block's hash. The free queue is an
+ordered dict so that a revived block leaves it in O(1). One block per hash: a
+second block computed with the same tokens stays unhashed (it is freed for reuse
+like any other).
 """
 from __future__ import annotations
 
@@ -30,6 +33,13 @@ class BlockPool:
         self.ref_counts = [0] * num_blocks
         # Keys are block ids, oldest first; the values are unused.
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.block_hashes: list[bytes | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}  # block hash -> the block holding those tokens
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks findable by hash (owned or free)."""
+        return len(self._cached)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -54,9 +64,32 @@ class BlockPool:
         block_ids = []
         for _ in range(num_blocks):
             block_id, _ = self._free_queue.popitem(last=False)
+            self.uncache(block_id)  # evicted: its old tokens are about to be overwritten
             self.ref_counts[block_id] = 1
             block_ids.append(block_id)
         return block_ids
+
+    def cache_block(self, block_id: int, block_hash: bytes) -> bool:
+        """Make an owned, full block findable under `block_hash`; False (nothing changes)
+        if another block already holds that hash or this one holds another."""
+        if self.ref_counts[block_id] == 0:
+            raise ValueError(f"block {block_id} is free; only owned blocks are cached")
+        if block_hash in self._cached or self.block_hashes[block_id] is not None:
+            return False
+        self._cached[block_hash] = block_id
+        self.block_hashes[block_id] = block_hash
+        return True
+
+    def cached_block(self, block_hash: bytes) -> int | None:
+        """The block holding the tokens of `block_hash`, owned or free, if any."""
+        return self._cached.get(block_hash)
+
+    def uncache(self, block_id: int) -> None:
+        """Forget the block's hash (no-op if it has none)."""
+        block_hash = self.block_hashes[block_id]
+        if block_hash is not None:
+            del self._cached[block_hash]
+            self.block_hashes[block_id] = None
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add one owner to each block; a free block leaves the free queue."""

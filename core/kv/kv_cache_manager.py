@@ -1,15 +1,32 @@
-"""Maps requests to KV blocks: how many a request needs, allocating and freeing them.
+"""Maps requests to KV blocks: prefix-cache lookups, allocating and freeing blocks.
 
 Pure Python, no torch. A request that has computed `c` tokens and computes `n`
 more this step holds ceil((c + n) / block_size) blocks in `request.block_ids`.
 
-Room for prefix caching (not built yet): a `get_computed_blocks(request)` step
-before the first allocation will look the prompt's full blocks up by hash, share
-the hits with `BlockPool.incref` and advance `num_computed_tokens` past them.
+Prefix caching. Every full block of a request (prompt and generated tokens) is
+hashed in a chain (block_hash.py). When a step allocates blocks for tokens that
+fill a block, the block is registered under its hash at once, so a request with
+the same prefix admitted later in the same step shares it: every backend writes
+the whole step's keys and values (`write_kv`) before any attention read in each
+layer (core/layers/attention.py), so the shared block is complete when it is read.
+A waiting request first takes the longest run of cached full blocks
+(`get_computed_blocks`) and starts computing after them; at most num_tokens - 1
+tokens come from the cache, block-aligned, so the last token is always computed
+(its logits are needed) and nobody ever writes into a shared block.
+
+With prefix caching off, only requests of one share group (the n / best_of
+sequences of a prompt) hash their blocks, salted with the group, and a block's
+hash is dropped as soon as no request holds it: siblings share live blocks and
+nothing is kept after they end.
+
+A step whose scheduler output never reaches `Scheduler.update()` (the model step
+failed) may have registered blocks whose keys and values were never written;
+`discard_unconfirmed()` forgets those hashes.
 """
 from __future__ import annotations
 
 from ..request import Request
+from .block_hash import extend_block_hashes
 from .block_pool import BlockPool
 
 
@@ -18,11 +35,13 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, block_pool: BlockPool, block_size: int):
+    def __init__(self, block_pool: BlockPool, block_size: int, enable_prefix_caching: bool = True):
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_pool = block_pool
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._unconfirmed: list[tuple[int, bytes]] = []  # (block, hash) cached since the last confirm()
 
     @property
     def num_free_blocks(self) -> int:
@@ -33,26 +52,95 @@ class KVCacheManager:
         """The most tokens one request could hold with every usable block."""
         return self.block_pool.num_usable_blocks * self.block_size
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        """Blocks to add so the request can hold `num_new_tokens` more tokens."""
-        num_tokens = request.num_computed_tokens + num_new_tokens
-        return max(0, cdiv(num_tokens, self.block_size) - len(request.block_ids))
+    def hashes_blocks(self, request: Request) -> bool:
+        """Whether the request's full blocks are hashed (looked up and shared)."""
+        return self.enable_prefix_caching or request.share_group is not None
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Grow `request.block_ids` to hold `num_new_tokens` more tokens.
+    def _salt(self, request: Request) -> str | None:
+        if self.enable_prefix_caching:
+            return request.cache_salt
+        return f"{request.cache_salt or ''}\x00group\x00{request.share_group}"
 
-        All or nothing: returns False, changing nothing, when too few blocks are free.
-        """
-        num_blocks = self.num_blocks_needed(request, num_new_tokens)
-        if num_blocks > self.block_pool.num_free_blocks:
+    def looks_up(self, request: Request) -> bool:
+        """Whether admitting the request looks its blocks up in the cache."""
+        return self.hashes_blocks(request) and request.sampling_params.prompt_logprobs is None
+
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """The cached blocks a request without blocks can start from: the longest run of
+        its full blocks found by hash, covering at most num_tokens - 1 tokens. Nothing is
+        claimed yet (pass the list to `allocate_slots`). Requests that score prompt
+        log-probabilities skip the lookup: cached positions produce no logits."""
+        if not self.looks_up(request):
+            return []
+        assert not request.block_ids and request.num_computed_tokens == 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        self._extend_hashes(request, max_blocks * self.block_size)
+        hits: list[int] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block_id = self.block_pool.cached_block(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int, num_computed_blocks: int = 0) -> int:
+        """Blocks to add so the request can hold `num_new_tokens` more tokens after
+        `num_computed_blocks` cached blocks."""
+        num_tokens = request.num_computed_tokens + num_computed_blocks * self.block_size + num_new_tokens
+        return max(0, cdiv(num_tokens, self.block_size) - len(request.block_ids) - num_computed_blocks)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+        """Claim `computed_blocks` (from get_computed_blocks) and grow `request.block_ids`
+        to hold `num_new_tokens` more tokens after them; register the blocks those tokens
+        fill. All or nothing: returns False, changing nothing, when too few blocks are free.
+        The caller advances num_computed_tokens past the computed blocks."""
+        pool = self.block_pool
+        num_blocks = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
+        num_revived = sum(1 for block_id in computed_blocks if pool.ref_counts[block_id] == 0)
+        if num_blocks + num_revived > pool.num_free_blocks:
             return False
-        request.block_ids.extend(self.block_pool.allocate(num_blocks))
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        pool.incref(computed_blocks)
+        request.block_ids.extend(computed_blocks)
+        request.block_ids.extend(pool.allocate(num_blocks))
+        if self.hashes_blocks(request):
+            self._cache_full_blocks(request, num_computed, num_computed + num_new_tokens)
         return True
 
+    def _cache_full_blocks(self, request: Request, num_computed: int, num_tokens: int) -> None:
+        """Register the blocks that tokens [num_computed, num_tokens) complete."""
+        self._extend_hashes(request, num_tokens)
+        for index in range(num_computed // self.block_size, num_tokens // self.block_size):
+            block_id, block_hash = request.block_ids[index], request.block_hashes[index]
+            if self.block_pool.cache_block(block_id, block_hash):
+                self._unconfirmed.append((block_id, block_hash))
+
+    def _extend_hashes(self, request: Request, num_tokens: int) -> None:
+        if len(request.block_hashes) < num_tokens // self.block_size:
+            extend_block_hashes(request.block_hashes, request.token_slice, num_tokens, self.block_size,
+                                self._salt(request))
+
     def free(self, request: Request) -> None:
-        """Return the request's blocks to the pool, tail first, and clear its block ids."""
-        self.block_pool.free(reversed(request.block_ids))
+        """Return the request's blocks to the pool, tail first, and clear its block ids.
+        Cached blocks keep their hash (prefix caching off: until no request holds them)."""
+        pool = self.block_pool
+        pool.free(reversed(request.block_ids))
+        if not self.enable_prefix_caching:
+            for block_id in request.block_ids:
+                if pool.ref_counts[block_id] == 0:
+                    pool.uncache(block_id)
         request.block_ids.clear()
+
+    def confirm(self) -> None:
+        """The blocks cached so far hold the keys and values they were registered for."""
+        self._unconfirmed.clear()
+
+    def discard_unconfirmed(self) -> None:
+        """Forget the hashes registered since the last confirm(): their step never ran."""
+        for block_id, block_hash in self._unconfirmed:
+            if self.block_pool.block_hashes[block_id] == block_hash:
+                self.block_pool.uncache(block_id)
+        self._unconfirmed.clear()
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether `num_tokens` tokens fit in the pool when nothing else holds a block."""

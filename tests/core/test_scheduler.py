@@ -102,8 +102,10 @@ def test_preemption_resumes_with_identical_outputs():
     _assert_no_leak(pressured.scheduler)
 
 
-def test_preemption_takes_the_last_admitted_and_recomputes_its_outputs():
-    scheduler = make_scheduler(num_blocks=5, block_size=2, max_num_batched_tokens=32)
+@pytest.mark.parametrize("enable_prefix_caching", [False, True])
+def test_preemption_takes_the_last_admitted_and_recomputes_its_outputs(enable_prefix_caching):
+    scheduler = make_scheduler(num_blocks=5, block_size=2, max_num_batched_tokens=32,
+                               enable_prefix_caching=enable_prefix_caching)
     a, b = make_request("a", 3, max_tokens=4), make_request("b", 3, max_tokens=4)
     scheduler.add_request(a)
     scheduler.add_request(b)
@@ -114,11 +116,17 @@ def test_preemption_takes_the_last_admitted_and_recomputes_its_outputs():
     assert output.preempted_ids == ("b",) and list(_steps(output)) == ["a"]
     assert b.status is RequestStatus.PREEMPTED and b.num_preemptions == 1
     assert b.block_ids == [] and b.num_computed_tokens == 0 and scheduler.waiting[0] is b
+    first_block = runner.outputs[1].scheduled[1].block_ids[0]
     scheduler.update(output, runner.execute(output))
     runner.run_until_done()
     resumed = next(_steps(o)["b"] for o in runner.outputs[2:] if "b" in _steps(o))
-    assert resumed.num_computed_tokens == 0 and resumed.num_new_tokens == 5  # prompt + 2 outputs
-    assert resumed.token_ids == tuple(b.all_token_ids[:5])
+    # b's tail block went to a (freed tail first, evicted first); its first block survives
+    num_reused = 2 if enable_prefix_caching else 0
+    assert resumed.num_computed_tokens == num_reused and resumed.num_new_tokens == 5 - num_reused
+    assert resumed.token_ids == tuple(b.all_token_ids[num_reused:5])
+    assert sum(o.num_prefix_hit_tokens for o in runner.outputs) == num_reused
+    if enable_prefix_caching:
+        assert resumed.block_ids[0] == first_block
     _assert_matches_reference(runner, [a, b])
     _assert_no_leak(scheduler)
 
