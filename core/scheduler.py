@@ -127,8 +127,8 @@ class Scheduler:
         index = 0
         while index < len(self.running) and draft.budget > 0:
             request = self.running[index]
-            num_left = request.num_tokens - request.num_computed_tokens
-            if num_left > 1 and request.request_id not in draft.scheduled:
+            if not _is_decode(request) and request.request_id not in draft.scheduled:
+                num_left = request.num_tokens - request.num_computed_tokens
                 num_new = self._make_room(request, index, min(num_left, draft.budget), draft)
                 if num_new:
                     draft.add(self._scheduled_request(request, num_new))
@@ -166,6 +166,9 @@ class Scheduler:
         while self.waiting and draft.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             computed_blocks = manager.get_computed_blocks(request)
+            if self.prefill_policy is not None and (len(computed_blocks) * manager.block_size
+                                                    >= max(request.num_prompt_tokens, request.num_tokens - 1)):
+                computed_blocks.pop()  # it would be a decode, admitted in a prefill step: recompute a block
             num_cached = len(computed_blocks) * manager.block_size
             num_new_tokens = min(request.num_tokens - num_cached, draft.budget)
             if not manager.allocate_slots(request, num_new_tokens, computed_blocks):
@@ -295,5 +298,6 @@ class Scheduler:
 
 
 def _is_decode(request: Request) -> bool:
-    """Only its last token is left to compute (it samples with one new token)."""
-    return request.num_tokens - request.num_computed_tokens == 1
+    """Its prompt is computed and one token is left: the newest, generated one."""
+    return request.num_tokens - request.num_computed_tokens == 1 and request.num_computed_tokens >= \
+        request.num_prompt_tokens

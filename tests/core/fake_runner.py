@@ -117,10 +117,10 @@ class FakeRunner:
         return sampled
 
     def _is_decode(self, scheduled) -> bool:
-        """A decode extends a request whose prompt is fully computed (one new token)."""
+        """A decode computes one token past the prompt (anything else is a prefill)."""
         request = self.scheduler.get_request(scheduled.request_id)
-        return scheduled.num_new_tokens == 1 and request is not None and bool(request.output_token_ids) \
-            and scheduled.num_computed_tokens >= request.num_prompt_tokens
+        num_prompt = request.num_prompt_tokens if request is not None else 1 << 30
+        return scheduled.num_new_tokens == 1 and scheduled.num_computed_tokens >= num_prompt
 
     def run_until_done(self, max_steps: int = 10_000) -> list[Request]:
         for _ in range(max_steps):
