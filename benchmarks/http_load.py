@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -35,7 +36,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def one_request(session, url: str, prompt: str, new_tokens: int) -> tuple[float, list[float], int]:
+async def one_request(session, url: str, prompt: str | list[int], new_tokens: int) -> tuple[float, list[float], int]:
     body = {"model": "default", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
@@ -57,10 +58,13 @@ async def one_request(session, url: str, prompt: str, new_tokens: int) -> tuple[
     return ttft, itl, tokens
 
 
-async def load(url: str, concurrency: int, rounds: int, new_tokens: int) -> dict:
+async def load(url: str, concurrency: int, rounds: int, new_tokens: int,
+               prompts: list[str] | list[list[int]] | None = None) -> dict:
+    """`concurrency` clients, each sending `rounds` requests back to back (prompts: text or
+    token ids, concurrency * rounds of them; default make_prompts)."""
     import aiohttp
 
-    prompts = make_prompts(concurrency * rounds)
+    prompts = prompts or make_prompts(concurrency * rounds)
     ttfts, itls, total_tokens = [], [], 0
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as session:
@@ -98,19 +102,24 @@ def offline(args) -> dict[int, float]:
     return figures
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def start_server(args, extra_flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), "--dtype", args.dtype,
-           "--num-kv-blocks", str(args.kv_blocks), "--max-batch-size", "64"]
+           "--num-kv-blocks", str(args.kv_blocks), "--max-batch-size", "64", *extra_flags]
     if args.model:
         cmd += ["--model-id", args.model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()  # the server's output, shown if it fails to start
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
     for _ in range(3000):
+        if proc.poll() is not None:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"the server exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
