@@ -136,6 +136,12 @@ class Metrics:
         self.generation_tokens = c("switchyard_generation_tokens", "tokens generated")
         self.requests_aborted = c("switchyard_requests_aborted", "requests aborted (client gone)")
         self.requests_in_flight = g("switchyard_requests_in_flight", "HTTP generation requests being served")
+        self.prefix_cache_queried_tokens = c("switchyard_prefix_cache_queried_tokens",
+                                             "prompt tokens looked up in the prefix cache")
+        self.prefix_cache_hit_tokens = c("switchyard_prefix_cache_hit_tokens",
+                                         "prompt tokens served from the prefix cache (not computed)")
+        self.prefix_cache_hit_rate = g("switchyard_prefix_cache_hit_rate",
+                                       "hit tokens / queried tokens since start")
 
     def _counter(self, name, help_text) -> Counter:
         return self._add(Counter(name, help_text, self._lock))
@@ -162,6 +168,11 @@ class Metrics:
         self.batch_current_max_tokens.set(stats.num_kv_blocks_used * block_size)
         self.batch_max_total_tokens.set(stats.num_kv_blocks_total * block_size)
         self.kv_cache_usage.set(stats.num_kv_blocks_used / max(1, stats.num_kv_blocks_total))
+        if stats.num_prefix_queried_tokens:
+            self.prefix_cache_queried_tokens.inc(stats.num_prefix_queried_tokens)
+            self.prefix_cache_hit_tokens.inc(stats.num_prefix_hit_tokens)
+            self.prefix_cache_hit_rate.set(self.prefix_cache_hit_tokens.value()
+                                           / self.prefix_cache_queried_tokens.value())
 
     def render(self) -> str:
         with self._lock:

@@ -49,9 +49,9 @@ _SERVE_FLAGS = [
     ("--num-shard", ("NUM_SHARD",), int, 1, "number of shards (tensor parallelism)"),
     ("--quantize", ("QUANTIZE",), str, None, "weight quantization (not supported yet)"),
     ("--waiting-served-ratio", ("WAITING_SERVED_RATIO",), float, 0.3,
-     "for backends that cannot mix prefill and decode"),
+     "for backends that cannot mix prefill and decode: prefill once waiting >= ratio x decoding"),
     ("--max-waiting-tokens", ("MAX_WAITING_TOKENS",), int, 20,
-     "for backends that cannot mix prefill and decode"),
+     "for backends that cannot mix prefill and decode: decode steps (+ 1) after which a prefill is forced"),
     ("--graceful-shutdown-timeout", ("GRACEFUL_SHUTDOWN_TIMEOUT",), float, 30.0,
      "seconds in-flight requests get to finish after SIGTERM"),
     ("--cuda-graphs", ("CUDA_GRAPHS",), str, None,
@@ -62,6 +62,8 @@ _SERVE_SWITCHES = [
     ("--json-output", ("JSON_OUTPUT",), "structured JSON logs"),
     ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",), "reject grammar / response_format"),
     ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "accepted for TGI compatibility (no remote code is run)"),
+    ("--disable-prefix-caching", ("DISABLE_PREFIX_CACHING",),
+     "do not keep or reuse the KV blocks of earlier prompts (the n sequences of one prompt still share it)"),
 ]
 
 
@@ -93,18 +95,29 @@ def engine_config(args: argparse.Namespace):
     block_size = 16
     num_blocks = args.num_kv_blocks
     if num_blocks is None and args.max_batch_total_tokens is not None:
-        num_blocks = -(-args.max_batch_total_tokens // block_size) + 1  # + the reserved block
-    cache = CacheConfig(block_size=block_size, num_blocks=num_blocks)
-    if args.cuda_memory_fraction is not None:
-        cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction)
+        num_blocks = _num_blocks_within(args.max_batch_total_tokens, block_size)
+    cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction,
+                        enable_prefix_caching=not args.disable_prefix_caching)
     return EngineConfig(
         graph_batch_sizes=_graph_sizes(args.cuda_graphs),
         model=ModelConfig(model=args.model, dtype=args.dtype, load_format=args.load_format, revision=args.revision,
                           max_model_len=args.max_model_len or args.max_total_tokens),
         cache=cache,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
-                                  max_num_seqs=args.max_batch_size),
+                                  max_num_seqs=args.max_batch_size, waiting_served_ratio=args.waiting_served_ratio,
+                                  max_waiting_tokens=args.max_waiting_tokens),
         backend=args.backend)
+
+
+def _num_blocks_within(max_batch_total_tokens: int, block_size: int) -> int:
+    """KV blocks for --max-batch-total-tokens: whole blocks, rounded down so the cache never
+    holds more tokens than asked (as TGI's block allocator does), plus the reserved block 0."""
+    from switchyard.core.params import ValidationError
+
+    if max_batch_total_tokens < block_size:
+        raise ValidationError(f"--max-batch-total-tokens must be at least the block size ({block_size}), "
+                              f"got {max_batch_total_tokens}")
+    return max_batch_total_tokens // block_size + 1
 
 
 def _graph_sizes(flag: str | None) -> tuple[int, ...] | None:

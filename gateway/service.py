@@ -153,8 +153,8 @@ class GenerationService:
 
     # -- the engine ----------------------------------------------------------------
     async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                     arrival_time: float | None = None) -> RequestStream:
-        request = Request(request_id or uuid.uuid4().hex, list(prompt_ids), params)
+                     arrival_time: float | None = None, share_group: str | None = None) -> RequestStream:
+        request = Request(request_id or uuid.uuid4().hex, list(prompt_ids), params, share_group=share_group)
         if arrival_time is not None:
             request.arrival_time = arrival_time
         try:
@@ -170,12 +170,13 @@ class GenerationService:
 
     async def submit_all(self, prompts: list[tuple[list[int], SamplingParams]],
                          arrival_time: float | None = None) -> list[RequestStream]:
-        """Submit several sequences (prompts x n); all or none."""
+        """Submit several sequences (prompts x n); all or none. They form one share group: the
+        n / best_of sequences of a prompt share its KV blocks even with prefix caching off."""
         base = uuid.uuid4().hex
         streams: list[RequestStream] = []
         try:
             for i, (ids, params) in enumerate(prompts):
-                streams.append(await self.submit(ids, params, f"{base}-{i}", arrival_time))
+                streams.append(await self.submit(ids, params, f"{base}-{i}", arrival_time, share_group=base))
         except BaseException:
             for stream in streams:
                 stream.abort()

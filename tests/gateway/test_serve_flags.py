@@ -44,7 +44,7 @@ def test_batch_flags_map_onto_the_scheduler_and_the_kv_cache():
     args = _parse(["--max-batch-total-tokens", "1000", "--max-batch-prefill-tokens", "512",
                    "--max-batch-size", "8", "--cuda-memory-fraction", "0.8", "--cuda-graphs", "1,2,4,8"])
     config = engine_config(args)
-    assert config.cache.num_blocks == -(-1000 // 16) + 1  # + the reserved block
+    assert config.cache.num_blocks == 1000 // 16 + 1  # whole blocks within 1000 tokens + the reserved block
     assert config.scheduler.max_num_batched_tokens == 512 and config.scheduler.max_num_seqs == 8
     assert config.cache.memory_fraction == 0.8 and config.graph_batch_sizes == (1, 2, 4, 8)
 
@@ -53,3 +53,25 @@ def test_batch_flags_map_onto_the_scheduler_and_the_kv_cache():
 def test_what_cannot_be_honoured_is_refused(argv):
     with pytest.raises(ValidationError):
         engine_config(_parse(argv))
+
+
+def test_max_batch_total_tokens_is_never_exceeded():
+    for total in (16, 1000, 1024):
+        config = engine_config(_parse(["--max-batch-total-tokens", str(total)]))
+        capacity = (config.cache.num_blocks - 1) * config.cache.block_size
+        assert total - config.cache.block_size < capacity <= total
+    with pytest.raises(ValidationError):
+        engine_config(_parse(["--max-batch-total-tokens", "15"]))  # not one block
+
+
+def test_prefix_caching_is_on_unless_disabled():
+    assert engine_config(_parse()).cache.enable_prefix_caching
+    assert not engine_config(_parse(["--disable-prefix-caching"])).cache.enable_prefix_caching
+    assert not engine_config(_parse(environ={"DISABLE_PREFIX_CACHING": "1"})).cache.enable_prefix_caching
+
+
+def test_waiting_served_ratio_and_max_waiting_tokens_reach_the_scheduler():
+    scheduler = engine_config(_parse()).scheduler
+    assert (scheduler.waiting_served_ratio, scheduler.max_waiting_tokens) == (0.3, 20)  # TGI's defaults
+    scheduler = engine_config(_parse(["--waiting-served-ratio", "1.2"], {"MAX_WAITING_TOKENS": "5"})).scheduler
+    assert (scheduler.waiting_served_ratio, scheduler.max_waiting_tokens) == (1.2, 5)
