@@ -94,17 +94,20 @@ class KVCacheManager:
         to hold `num_new_tokens` more tokens after them; register the blocks those tokens
         fill. All or nothing: returns False, changing nothing, when too few blocks are free.
         The caller advances num_computed_tokens past the computed blocks."""
-        pool = self.block_pool
+        pool, block_size = self.block_pool, self.block_size
         num_blocks = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
         num_revived = sum(1 for block_id in computed_blocks if pool.ref_counts[block_id] == 0)
         if num_blocks + num_revived > pool.num_free_blocks:
             return False
-        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
-        pool.incref(computed_blocks)
-        request.block_ids.extend(computed_blocks)
-        request.block_ids.extend(pool.allocate(num_blocks))
-        if self.hashes_blocks(request):
-            self._cache_full_blocks(request, num_computed, num_computed + num_new_tokens)
+        num_computed = request.num_computed_tokens + len(computed_blocks) * block_size
+        if computed_blocks:
+            pool.incref(computed_blocks)
+            request.block_ids.extend(computed_blocks)
+        if num_blocks:
+            request.block_ids.extend(pool.allocate(num_blocks))
+        num_tokens = num_computed + num_new_tokens
+        if num_tokens // block_size > num_computed // block_size and self.hashes_blocks(request):
+            self._cache_full_blocks(request, num_computed, num_tokens)
         return True
 
     def _cache_full_blocks(self, request: Request, num_computed: int, num_tokens: int) -> None:

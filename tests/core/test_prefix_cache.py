@@ -167,3 +167,34 @@ def test_a_step_that_never_ran_forgets_the_hashes_it_registered():
     runner.run_until_done()
     assert b.num_cached_tokens == 0  # the blocks of the failed step were never written
     check_invariants(scheduler, runner)
+
+
+def test_cached_blocks_never_make_a_fitting_prompt_wait_or_a_too_long_one_pass():
+    from switchyard.core.params import ValidationError
+
+    scheduler = make_scheduler(num_blocks=5, block_size=4)  # 16 tokens
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(make_request("fill", 14, max_tokens=1))
+    runner.run_until_done()
+    assert scheduler.kv_cache_manager.block_pool.num_cached_blocks == 3
+    with pytest.raises(ValidationError, match="KV cache capacity of 16 tokens"):
+        scheduler.add_request(make_request("too-long", 16))
+    scheduler.add_request(whole := make_request("whole", 15, max_tokens=1))  # evicts every cached block
+    runner.run_until_done()
+    assert whole.num_cached_tokens == 0 and len(whole.output_token_ids) == 1
+
+
+@pytest.mark.parametrize("mixes, caches", [(True, True), (False, False)])
+def test_the_engine_scheduler_follows_the_backend_capabilities(mixes, caches):
+    from types import SimpleNamespace
+
+    from switchyard.core.config import CacheConfig, EngineConfig
+    from switchyard.core.scheduler import Scheduler
+
+    capabilities = SimpleNamespace(mixed_prefill_decode=mixes, prefix_caching=caches)
+    scheduler = Scheduler.for_engine(EngineConfig(cache=CacheConfig(block_size=8)), 32, capabilities)
+    assert scheduler.config.mixed_prefill_decode is mixes and (scheduler.prefill_policy is None) is mixes
+    assert scheduler.kv_cache_manager.enable_prefix_caching is caches
+    assert scheduler.kv_cache_manager.block_size == 8 and scheduler.kv_cache_manager.block_pool.num_blocks == 32
+    off = Scheduler.for_engine(EngineConfig(cache=CacheConfig(enable_prefix_caching=False)), 32, capabilities)
+    assert not off.kv_cache_manager.enable_prefix_caching
