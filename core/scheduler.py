@@ -14,16 +14,13 @@ preempted (recomputed later; its hashed blocks usually survive in the cache), a
 prompt chunk shrinks to the room left, and a step that preempted or left a running
 request without room admits nobody, so the head of the queue is never overtaken.
 
-Backends that cannot mix prefill and decode (mixed_prefill_decode=False) get steps
-of one kind, chosen by TGI's router policy (prefill_policy.py).
-
-The engine calls `schedule()`, runs the model, samples, then calls `update()`, all
-on one thread; aborts and stop strings go through `finish_request()` between steps.
+Backends that cannot mix prefill and decode get steps of one kind (prefill_policy.py).
+The engine calls `schedule()`, runs the model, samples, then `update()`, on one
+thread; aborts and stop strings go through `finish_request()` between steps.
 """
 from __future__ import annotations
 
 import time
-
 from collections import deque
 from dataclasses import replace
 
@@ -150,9 +147,11 @@ class Scheduler:
             if victim_index is None:
                 break
             self._preempt_at(victim_index, draft)
-        if num_new > 0:
-            assert manager.allocate_slots(request, num_new)
-        return max(0, num_new)
+        if num_new <= 0:
+            return 0
+        allocated = manager.allocate_slots(request, num_new)
+        assert allocated, "the room was measured just now"
+        return num_new
 
     def _last_unscheduled_after(self, index: int, draft: StepDraft) -> int | None:
         """The running request admitted last after running[index] and not scheduled now."""
