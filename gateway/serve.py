@@ -57,10 +57,14 @@ _SERVE_FLAGS = [
     ("--cuda-graphs", ("CUDA_GRAPHS",), str, None,
      "comma-separated decode batch sizes to capture as CUDA graphs; 0 = none (default: the backend's buckets)"),
     ("--served-model-name", ("SERVED_MODEL_NAME",), str, None, "name reported in /info and /v1/models"),
+    ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
+     "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
 ]
+GRAMMAR_BACKENDS = ("xgrammar", "outlines")
 _SERVE_SWITCHES = [
     ("--json-output", ("JSON_OUTPUT",), "structured JSON logs"),
-    ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",), "reject grammar / response_format"),
+    ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",),
+     "refuse what needs a grammar: grammar, response_format, guided_*, tool_choice required or named"),
     ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "accepted for TGI compatibility (no remote code is run)"),
     ("--disable-prefix-caching", ("DISABLE_PREFIX_CACHING",),
      "do not keep or reuse the KV blocks of earlier prompts (the n sequences of one prompt still share it)"),
@@ -86,10 +90,13 @@ def _check_supported(args: argparse.Namespace) -> None:
         raise ValidationError(f"--quantize {args.quantize} is not supported yet; serve unquantized weights")
     if args.num_shard != 1:
         raise ValidationError("--num-shard > 1 (tensor parallelism) is not supported yet")
+    if args.grammar_backend not in GRAMMAR_BACKENDS:
+        raise ValidationError(f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}; "
+                              f"got {args.grammar_backend!r}")
 
 
 def engine_config(args: argparse.Namespace):
-    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 
     _check_supported(args)
     block_size = 16
@@ -106,6 +113,7 @@ def engine_config(args: argparse.Namespace):
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
                                   max_num_seqs=args.max_batch_size, waiting_served_ratio=args.waiting_served_ratio,
                                   max_waiting_tokens=args.max_waiting_tokens),
+        grammar=GrammarConfig(backend=args.grammar_backend),
         backend=args.backend)
 
 

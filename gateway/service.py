@@ -201,6 +201,8 @@ class GenerationService:
                 last = out
         except EngineDeadError as exc:
             raise GatewayError(ErrorKind.GENERATION, str(exc)) from exc
+        except ValidationError as exc:  # a grammar that failed to compile after submission
+            raise GatewayError(ErrorKind.VALIDATION, str(exc), exc.param) from exc
         finally:
             stream.abort()
         self.record(stream, last)
@@ -240,6 +242,8 @@ class GenerationService:
                     remaining -= 1
                 elif isinstance(item, EngineDeadError):
                     raise GatewayError(ErrorKind.GENERATION, str(item)) from item
+                elif isinstance(item, ValidationError):  # a grammar that failed to compile after submission
+                    raise GatewayError(ErrorKind.VALIDATION, str(item), item.param) from item
                 elif isinstance(item, BaseException):
                     raise item
                 else:

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: one prompt (the rendered conversation), n choices.
 
-A choice is built by `_message` / `ChatChunks._deltas`; tool calls (finish_reason
-"tool_calls") will be parsed there once grammar-constrained decoding lands."""
+A choice's message (text or tool calls) is built by tool_output.py, whole or as
+stream deltas; a grammar (response_format, tools) is compiled before anything is
+submitted, so that one the engine cannot honour is a 400 naming its field."""
 from __future__ import annotations
 
 from fastapi import Request
@@ -9,6 +10,7 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
 from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
@@ -16,6 +18,7 @@ from .logprobs import chat_logprob_entries
 from .messages import chat_prompt_ids
 from .params import EnginePlan, chat_plan
 from .schemas import ChatCompletionRequest
+from .tool_output import ChoiceDeltas, assistant_message
 
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request):
@@ -24,8 +27,10 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     async def prepare():
         model = resolve_model(req.model, service.settings)
         plan = chat_plan(req, service.settings, len(service.tokenizer))
-        prompt_ids = chat_prompt_ids(service, req)
+        prompt_ids = chat_prompt_ids(service, req, plan.tools)
         params = plan.sequence_params(service, len(prompt_ids), "messages")
+        if plan.params.grammar is not None:
+            await compiled(service.client, plan.params.grammar, plan.grammar_param)
         streams = await service.submit_all([(prompt_ids, p) for p in params])
         return model, plan, prompt_ids, streams
 
@@ -51,12 +56,8 @@ def _choice(index: int, completion, strings: TokenStrings, plan: EnginePlan) -> 
         logprobs = {"content": chat_logprob_entries(strings, completion.token_ids, completion.logprobs or (),
                                                     completion.top_logprobs),
                     "refusal": None}
-    return {"index": index, "message": _message(completion.text), "logprobs": logprobs,
-            "finish_reason": completion.finish_reason.openai}
-
-
-def _message(text: str) -> dict:
-    return {"role": "assistant", "content": text, "refusal": None}
+    message, finish_reason = assistant_message(completion.text, completion.finish_reason.openai, plan.tools)
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ChatChunks(ChunkBuilder):
@@ -69,22 +70,28 @@ class ChatChunks(ChunkBuilder):
                                   meta.system_fingerprint)
         self._strings = strings
         self._want_logprobs = plan.params.logprobs is not None
+        self._tools = plan.tools
         self._num_prompt_tokens = num_prompt_tokens
         self._include_usage = include_usage or continuous_usage
         self._continuous_usage = continuous_usage
-        self._started: set[int] = set()
+        self._choices: dict[int, ChoiceDeltas] = {}
         self._num_output_tokens: dict[int, int] = {}
 
     def on_output(self, index: int, out: RequestOutput) -> list[dict]:
         self._num_output_tokens[index] = out.num_output_tokens
         chunks = []
-        if index not in self._started:
-            self._started.add(index)
+        choice = self._choices.get(index)
+        if choice is None:
+            choice = self._choices[index] = ChoiceDeltas(self._tools)
             chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
-        if out.new_text or (self._want_logprobs and out.new_token_ids):
-            chunks.append(self._chunk(index, {"content": out.new_text}, self._logprobs(out)))
+        deltas = choice.feed(out.new_text, self._logprob_entries(out))
+        finish_reason = None
         if out.finished:
-            chunks.append(self._chunk(index, {}, finish_reason=out.finish_reason.openai))
+            last, finish_reason = choice.finish(out.finish_reason.openai)
+            deltas += last
+        chunks += [self._chunk(index, delta, _logprobs(entries)) for delta, entries in deltas]
+        if out.finished:
+            chunks.append(self._chunk(index, {}, finish_reason=finish_reason))
         return chunks
 
     def tail(self) -> list[dict]:
@@ -92,12 +99,10 @@ class ChatChunks(ChunkBuilder):
             return []
         return [self._meta.body([], usage=self._usage())]
 
-    def _logprobs(self, out: RequestOutput) -> dict | None:
-        if not self._want_logprobs:
+    def _logprob_entries(self, out: RequestOutput) -> list | None:
+        if not self._want_logprobs or not out.new_token_ids:
             return None
-        return {"content": chat_logprob_entries(self._strings, out.new_token_ids, out.logprobs or (),
-                                                out.top_logprobs),
-                "refusal": None}
+        return chat_logprob_entries(self._strings, out.new_token_ids, out.logprobs or (), out.top_logprobs)
 
     def _usage(self) -> dict:
         return usage(self._num_prompt_tokens, sum(self._num_output_tokens.values()))
@@ -108,3 +113,7 @@ class ChatChunks(ChunkBuilder):
             extra["usage"] = self._usage() if self._continuous_usage else None
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._meta.body([choice], **extra)
+
+
+def _logprobs(entries: list | None) -> dict | None:
+    return None if entries is None else {"content": entries, "refusal": None}

@@ -9,6 +9,7 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
 from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
@@ -30,6 +31,8 @@ async def create_completion(req: CompletionRequest, http_request: Request):
         model = resolve_model(req.model, service.settings)
         plan = completion_plan(req, service.settings, len(service.tokenizer))
         prompts = _prompts(req, service)
+        if plan.params.grammar is not None:
+            await compiled(service.client, plan.params.grammar, plan.grammar_param)
         sequences = []
         for i, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{i}"

@@ -5,6 +5,8 @@ import json
 
 from .params import invalid
 from .schemas import ChatCompletionRequest, ChatMessage, ContentPart
+from .tool_prompt import ToolRendering
+from .tools import ToolPlan
 
 _TEXT_PARTS = ("text", "input_text", "refusal")
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tools", "documents", "chat_template",
@@ -63,15 +65,17 @@ def _arguments(arguments: str | dict, param: str) -> dict:
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
-def chat_prompt_ids(service, req: ChatCompletionRequest) -> list[int]:
-    """Render the chat template and tokenize it (the template adds the special tokens)."""
+def chat_prompt_ids(service, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
+    """Render the chat template and tokenize it (the template adds the special tokens).
+    Tools, tool calls and tool results go through the template when it knows them;
+    otherwise `ToolRendering` writes them into the messages as text."""
     kwargs = dict(req.chat_template_kwargs or {})
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
     if reserved:
         raise invalid(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
-    tools = req.tools or req.functions
-    if tools:  # only with tool_choice "none" (params.py rejects the rest): rendered, not called
-        kwargs["tools"] = [t if "function" in t else {"type": "function", "function": t} for t in tools]
-    text = service.render_chat(template_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
-                               **kwargs)
+    rendering = ToolRendering.for_template(getattr(service.tokenizer, "chat_template", None))
+    messages = rendering.messages(template_messages(req.messages), tools, req.tool_prompt)
+    if tools is not None and rendering.template_renders_tools:
+        kwargs["tools"] = tools.definitions()
+    text = service.render_chat(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
     return service.encode(text, add_special_tokens=False)

@@ -1,9 +1,9 @@
 """OpenAI request -> what the engine is asked for, in one place.
 
 Every field is either honoured here (mapped onto `SamplingParams`) or rejected with
-a 400 naming it; none is dropped silently. Structured output (`response_format`
-json_schema/json_object, tools) will turn into a `GrammarSpec` here: `EnginePlan`
-has its slot.
+a 400 naming it; none is dropped silently. Structured output (`response_format`,
+vLLM's guided_* and structured_outputs: formats.py) and tools (tools.py) turn into
+the `GrammarSpec` every sequence's params carry.
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from switchyard.core.params import SamplingParams, ValidationError
 
 from ..errors import ErrorKind, GatewayError
 from ..settings import ServerSettings
+from .formats import output_grammar
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .tools import ToolPlan, tool_plan
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _MAX_SEED = 2**63 - 1024  # room for seed + i of the n sequences
@@ -29,7 +31,8 @@ class EnginePlan:
     num_choices: int  # n
     num_sequences: int  # generated per prompt: best_of (>= n)
     discard_output: bool = False  # completions echo with max_tokens 0: score the prompt only
-    grammar: object | None = None  # GrammarSpec, once structured output lands
+    grammar_param: str | None = None  # the field that asked for params.grammar: compile errors name it
+    tools: ToolPlan | None = None  # chat: tools the output may call
 
     def sequence_params(self, service, num_prompt_tokens: int, param: str) -> list[SamplingParams]:
         """The params of each sequence for a prompt of this length (lengths checked;
@@ -53,22 +56,25 @@ def invalid(message: str, param: str | None, kind: ErrorKind = ErrorKind.VALIDAT
 def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: int) -> EnginePlan:
     _reject_unsupported_extras(req)
     _reject_unsupported_chat(req)
+    tools = tool_plan(req, settings)
+    output = output_grammar(req, settings, req.response_format)
+    grammar, grammar_param = (output.spec, output.param) if output else (None, None)
+    if tools is not None and tools.grammar is not None:
+        if output is not None:
+            raise invalid(f"{output.param} and {tools.param} {tools.mode!r} both constrain the output; send one",
+                          tools.param, ErrorKind.TOOL)
+        grammar, grammar_param = tools.grammar, tools.param
     if req.top_logprobs and not req.logprobs:
         raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, param)
+    params = replace(_sampling_params(req, settings, vocab_size, max_tokens, logprobs, param), grammar=grammar)
     n = req.n or 1
-    return EnginePlan(params, max_tokens, None, n, n)
+    return EnginePlan(params, max_tokens, None, n, n, grammar_param=grammar_param, tools=tools)
 
 
 def _reject_unsupported_chat(req: ChatCompletionRequest) -> None:
-    _check_tools(req.tools, req.tool_choice, "tools", "tool_choice")
-    _check_tools(req.functions, req.function_call, "functions", "function_call")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise invalid(f"response_format of type {req.response_format.type!r} is not supported yet "
-                      f"(structured output is coming); only {{'type': 'text'}} is", "response_format")
     if req.reasoning_effort not in (None, "none"):
         raise invalid("reasoning_effort is not supported: this model does not reason", "reasoning_effort")
     if req.modalities not in (None, ["text"]):
@@ -92,22 +98,6 @@ def _reject_unsupported_chat(req: ChatCompletionRequest) -> None:
         raise invalid("continue_final_message is not supported yet", "continue_final_message")
 
 
-def _check_tools(tools: list[dict] | None, choice, tools_param: str, choice_param: str) -> None:
-    """Tools are rendered into the prompt only with choice "none" (the model answers in
-    text); calling them needs grammar-constrained decoding, which is not there yet."""
-    if tools is not None and not tools:
-        raise invalid(f"{tools_param} must not be empty", tools_param)
-    if choice in (None, "none"):
-        if tools and any(t.get("type", "function") != "function" for t in tools):
-            raise invalid("only tools of type 'function' are supported", tools_param)
-        if tools is None or choice == "none":
-            return
-    if not tools:
-        raise invalid(f"{choice_param} needs {tools_param}", choice_param)
-    raise invalid(f"tool calling is not supported yet: send {choice_param}='none' to render the "
-                  f"{tools_param} into the prompt and get a text answer", choice_param, ErrorKind.TOOL)
-
-
 # -- completions ----------------------------------------------------------------------------------
 def completion_plan(req: CompletionRequest, settings: ServerSettings, vocab_size: int) -> EnginePlan:
     _reject_unsupported_extras(req)
@@ -127,10 +117,13 @@ def completion_plan(req: CompletionRequest, settings: ServerSettings, vocab_size
     # best_of ranks sequences by their log-probability, so it needs them
     logprobs = req.logprobs if req.logprobs is not None else (0 if best_of > n else None)
     max_tokens = 1 if discard else req.max_tokens
+    output = output_grammar(req, settings)
     params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, "max_tokens")
+    params = replace(params, grammar=output.spec if output else None)
     if req.echo and req.logprobs is not None:
         params = replace(params, prompt_logprobs=req.logprobs)
-    return EnginePlan(params, max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, n, best_of, discard_output=discard)
+    return EnginePlan(params, max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, n, best_of, discard_output=discard,
+                      grammar_param=output.param if output else None)
 
 
 # -- shared -----------------------------------------------------------------------------------------
@@ -143,9 +136,6 @@ def _reject_unsupported_extras(req: SamplingFields) -> None:
         raise invalid("allowed_token_ids is not supported yet", "allowed_token_ids")
     if req.bad_words:
         raise invalid("bad_words is not supported yet", "bad_words")
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-        if getattr(req, name) is not None:
-            raise invalid(f"{name} is not supported yet (structured output is coming)", name)
     if not req.spaces_between_special_tokens:
         raise invalid("spaces_between_special_tokens=false is not supported", "spaces_between_special_tokens")
 

@@ -26,6 +26,7 @@ from ..openai.completions import create_completion
 from ..openai.schemas import ChatCompletionRequest, CompletionRequest
 from ..service import Admission, GenerationService, until_disconnected
 from ..streaming import sse_data, sse_response
+from ..structured import compiled
 from .body import json_object, parse
 from .outputs import Sequence, generate_response, stream_event, timing_headers, vocab_for
 from .schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
@@ -53,6 +54,8 @@ def _dropped() -> GatewayError:
 
 
 async def _start(service: GenerationService, admission: Admission, plan: GenerationPlan):
+    if plan.params[0].grammar is not None:  # a grammar the engine cannot compile is a 422, not a failed stream
+        await compiled(service.client, plan.params[0].grammar, "grammar")
     streams = await service.submit_all([(plan.prompt_ids, params) for params in plan.params])
     service.metrics.request_validation_duration.observe(
         max(0.0, streams[0].arrival_time - admission.received_at))

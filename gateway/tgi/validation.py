@@ -10,11 +10,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from switchyard.core.grammar import GrammarSpec
 from switchyard.core.params import SamplingParams, ValidationError
 
 from ..errors import ErrorKind, GatewayError
 from ..service import GenerationService
 from ..settings import ServerSettings
+from ..structured import check_enabled, tgi_grammar_spec
 from .schemas import GenerateParameters
 
 
@@ -102,25 +104,29 @@ def check_limits(p: GenerateParameters, settings: ServerSettings, max_input_toke
                       f"Given: {p.truncate}", "truncate")
 
 
+def grammar_spec(p: GenerateParameters, settings: ServerSettings) -> GrammarSpec | None:
+    """`parameters.grammar` checked at the edge (the engine compiles it before submission)."""
+    if p.grammar is None:
+        return None
+    check_enabled(settings, "grammar")
+    return tgi_grammar_spec(p.grammar.type, p.grammar.value, "grammar")
+
+
 def check_unsupported(p: GenerateParameters, settings: ServerSettings) -> None:
-    if p.grammar is not None:
-        if settings.disable_grammar_support:
-            raise invalid("grammar is not supported", "grammar")
-        raise invalid("grammar is not supported yet by this server", "grammar")
     if p.adapter_id not in (None, "", settings.model_id):
         raise invalid(f"LoRA adapters are not supported: `adapter_id` must be null. Given: {p.adapter_id!r}",
                       "adapter_id")
 
 
 def sampling_params(p: GenerateParameters, sampling: bool, max_new_tokens: int, seed: int | None,
-                    decoder_input_details: bool) -> SamplingParams:
+                    decoder_input_details: bool, grammar: GrammarSpec | None = None) -> SamplingParams:
     """One engine request's parameters. Logprobs are always asked for: TGI reports
     the logprob of every token, streamed or not."""
     kwargs = dict(
         max_tokens=max_new_tokens, seed=seed, stop=tuple(p.stop), include_stop_str_in_output=True,
         repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
         frequency_penalty=p.frequency_penalty or 0.0, logprobs=p.top_n_tokens or 0,
-        prompt_logprobs=0 if decoder_input_details else None, watermark=p.watermark)
+        prompt_logprobs=0 if decoder_input_details else None, watermark=p.watermark, grammar=grammar)
     if sampling:
         kwargs.update(temperature=1.0 if p.temperature is None else p.temperature,
                       top_p=1.0 if p.top_p is None else p.top_p, top_k=p.top_k or 0,
@@ -144,6 +150,7 @@ def plan_generation(service: GenerationService, inputs: str, p: GenerateParamete
     if not inputs:
         raise invalid("`inputs` cannot be empty", "inputs")
     check_unsupported(p, settings)
+    grammar = grammar_spec(p, settings)
     prompt_ids = service.encode(inputs)
     if p.truncate is not None:
         prompt_ids = prompt_ids[-p.truncate:]
@@ -152,7 +159,8 @@ def plan_generation(service: GenerationService, inputs: str, p: GenerateParamete
     seeds: list[int | None] = [p.seed] if best_of == 1 else [None] * best_of
     if sampling:  # TGI draws the seed it reports, so every sampled answer is reproducible
         seeds = [random.getrandbits(63) if s is None else s for s in seeds]
-    params = tuple(sampling_params(p, sampling, max_new_tokens, seed, p.decoder_input_details) for seed in seeds)
+    params = tuple(sampling_params(p, sampling, max_new_tokens, seed, p.decoder_input_details, grammar)
+                   for seed in seeds)
     full_text = default_return_full_text if p.return_full_text is None else p.return_full_text
     return GenerationPlan(inputs=inputs, prompt_ids=prompt_ids, params=params, sampling=sampling,
                           details=p.details or p.decoder_input_details,

@@ -33,8 +33,11 @@ def _assert_error_body(response: httpx.Response, status: int, param: str | None 
     ({"n": 0}, "n"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}, "tool_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+                                                                                 "function": {"name": "g"}}},
+     "tool_choice"),
 ])
 def test_400_bad_parameter_names_it(server, fields, param):
     with pytest.raises(openai.BadRequestError) as caught:

@@ -75,3 +75,11 @@ def test_waiting_served_ratio_and_max_waiting_tokens_reach_the_scheduler():
     assert (scheduler.waiting_served_ratio, scheduler.max_waiting_tokens) == (0.3, 20)  # TGI's defaults
     scheduler = engine_config(_parse(["--waiting-served-ratio", "1.2"], {"MAX_WAITING_TOKENS": "5"})).scheduler
     assert (scheduler.waiting_served_ratio, scheduler.max_waiting_tokens) == (1.2, 5)
+
+
+def test_grammar_backend_reaches_the_engine_config():
+    assert engine_config(_parse()).grammar.backend == "xgrammar"
+    assert engine_config(_parse(["--grammar-backend", "outlines"])).grammar.backend == "outlines"
+    assert engine_config(_parse(environ={"GRAMMAR_BACKEND": "outlines"})).grammar.backend == "outlines"
+    with pytest.raises(ValidationError):
+        engine_config(_parse(["--grammar-backend", "lark"]))

@@ -54,7 +54,8 @@ VALIDATION_CASES = [
     ({"best_of": 2, "do_sample": True, "seed": 1}, "`seed` must not be set when `best_of` > 1"),
     ({"top_n_tokens": 6}, "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),
     ({"truncate": 0}, "`truncate` must be strictly positive"),
-    ({"grammar": {"type": "regex", "value": "[a-z]+"}}, "grammar is not supported"),
+    ({"grammar": {"type": "regex", "value": "[a-"}}, "invalid regex"),
+    ({"grammar": {"type": "json", "value": {"type": "nope"}}}, "invalid JSON schema"),
     ({"adapter_id": "my-lora"}, "LoRA adapters are not supported"),
 ]
 

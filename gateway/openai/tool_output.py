@@ -1,0 +1,117 @@
+"""A chat choice's output as OpenAI shows it: text, or tool calls (ids `call_...`,
+arguments as a JSON string, `content` null, finish_reason `tool_calls`); whole, or
+as stream deltas that the OpenAI SDK, LangChain and LlamaIndex accumulate: a list
+of calls with `index`, id, type and name in the first delta of each call only, the
+arguments after it (in pieces for a named tool_choice, whose output *is* them).
+
+The deprecated `functions` get `function_call` instead (one call, no id)."""
+from __future__ import annotations
+
+import uuid
+
+from .tools import ParsedCall, ToolPlan, parse_calls
+
+# first characters of an answer that may be a tool call (JSON, <tool_call>, a fence)
+_CALL_STARTS = "{[<`"
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> tuple[dict, str]:
+    """The whole message of a choice, and its finish_reason."""
+    calls = parse_calls(tools, text) if tools is not None and tools.calls else None
+    if not calls:
+        return {"role": "assistant", "content": text, "refusal": None}, finish_reason
+    message: dict = {"role": "assistant", "content": None, "refusal": None}
+    if tools.legacy:
+        message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
+    else:
+        message["tool_calls"] = [{"id": new_call_id(), "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    return message, _calls_finish_reason(tools, finish_reason)
+
+
+def _calls_finish_reason(tools: ToolPlan, finish_reason: str) -> str:
+    if finish_reason == "length":  # cut short: the arguments may be incomplete
+        return "length"
+    return "function_call" if tools.legacy else "tool_calls"
+
+
+class ChoiceDeltas:
+    """One streamed choice: `feed` each text delta (with its logprob entries), then
+    `finish`. Each returns (delta, logprob entries) pairs. An `auto` answer is held
+    back from its first character on if it may be a tool call, and sent as text
+    after all if it is not one."""
+
+    def __init__(self, tools: ToolPlan | None):
+        self._tools = tools
+        if tools is None or not tools.calls:
+            self._mode = "text"
+        else:
+            self._mode = {"named": "arguments", "required": "held"}.get(tools.mode, "undecided")
+        self._held: list[str] = []
+        self._held_logprobs: list | None = None
+        self._started_call = False
+
+    def feed(self, text: str, logprobs: list | None) -> list[tuple[dict, list | None]]:
+        if self._mode in ("undecided", "held"):
+            self._hold(text, logprobs)
+            if self._mode == "held" or not "".join(self._held).strip():
+                return []
+            self._mode = "held" if "".join(self._held).lstrip()[0] in _CALL_STARTS else "text"
+            if self._mode == "held":
+                return []
+            text, logprobs = self._release()
+        if self._mode == "text":
+            return [({"content": text}, logprobs)] if text or logprobs else []
+        deltas = self._start_named_call()
+        if text or logprobs:
+            deltas.append((self._arguments_delta(0, text), logprobs))
+        return deltas
+
+    def finish(self, finish_reason: str) -> tuple[list[tuple[dict, list | None]], str]:
+        if self._mode == "text":
+            return [], finish_reason
+        if self._mode == "arguments":
+            return self._start_named_call(), _calls_finish_reason(self._tools, finish_reason)
+        text, logprobs = self._release()
+        calls = parse_calls(self._tools, text) if self._mode == "held" else None
+        if not calls:
+            return ([({"content": text}, logprobs)] if text else []), finish_reason
+        deltas = []
+        for i, call in enumerate(calls):
+            deltas += [(self._header_delta(i, call.name), None), (self._arguments_delta(i, call.arguments), None)]
+        deltas[-1] = (deltas[-1][0], logprobs)
+        return deltas, _calls_finish_reason(self._tools, finish_reason)
+
+    def _hold(self, text: str, logprobs: list | None) -> None:
+        self._held.append(text)
+        if logprobs is not None:
+            self._held_logprobs = (self._held_logprobs or []) + list(logprobs)
+
+    def _release(self) -> tuple[str, list | None]:
+        text, logprobs = "".join(self._held), self._held_logprobs
+        self._held, self._held_logprobs = [], None
+        return text, logprobs
+
+    def _start_named_call(self) -> list[tuple[dict, list | None]]:
+        if self._started_call:
+            return []
+        self._started_call = True
+        return [(self._header_delta(0, self._tools.named), None)]
+
+    def _header_delta(self, index: int, name: str) -> dict:
+        if self._tools.legacy:
+            return {"function_call": {"name": name, "arguments": ""}}
+        return {"tool_calls": [{"index": index, "id": new_call_id(), "type": "function",
+                                "function": {"name": name, "arguments": ""}}]}
+
+    def _arguments_delta(self, index: int, arguments: str) -> dict:
+        if self._tools.legacy:
+            return {"function_call": {"arguments": arguments}}
+        return {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}
+
+
+__all__ = ["ChoiceDeltas", "ParsedCall", "assistant_message", "new_call_id"]

@@ -1,0 +1,150 @@
+"""Tool calling on /v1/chat/completions: tool_choice none/auto/required/named (named
+and required enforced by a grammar), tool calls in OpenAI's shape whole and
+streamed, and the round trip through the OpenAI SDK and LangChain (tool call ->
+tool result -> second turn). Pure parts (planning, parsing, stream deltas) are
+tested without the server."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from switchyard.core.grammar import GrammarSpec
+from switchyard.gateway.errors import ErrorKind, GatewayError
+from switchyard.gateway.openai.schemas import ChatCompletionRequest
+from switchyard.gateway.openai.tool_output import ChoiceDeltas, assistant_message
+from switchyard.gateway.openai.tool_prompt import ToolRendering
+from switchyard.gateway.openai.tools import parse_calls, tool_plan
+from switchyard.gateway.settings import ServerSettings
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                      "required": ["city"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                            "parameters": WEATHER_PARAMETERS}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone",
+                                         "parameters": {"type": "object",
+                                                        "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                                                        "required": ["tz"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+SETTINGS = ServerSettings(model_id=MODEL)
+
+
+def _plan(settings=SETTINGS, **fields):
+    return tool_plan(ChatCompletionRequest(model=MODEL, messages=ASK, **fields), settings)
+
+
+# -- planning, parsing and deltas, without the server ---------------------------------------------------
+def test_named_tool_choice_is_its_parameters_schema():
+    plan = _plan(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert plan.mode == "named" and plan.named == "get_time"
+    assert plan.grammar == GrammarSpec.json_schema(TIME["function"]["parameters"])
+    assert _plan(tools=[WEATHER, TIME], tool_choice="get_weather").named == "get_weather"  # TGI: a bare name
+
+
+def test_required_is_a_list_of_calls_unless_parallel_calls_are_off():
+    schema = _plan(tools=[WEATHER, TIME], tool_choice="required").grammar.schema
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]] == ["get_weather", "get_time"]
+    jsonschema.validate([{"name": "get_time", "arguments": {"tz": "UTC"}}], schema)
+    single = _plan(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False).grammar.schema
+    jsonschema.validate({"name": "get_weather", "arguments": {"city": "Paris"}}, single)
+
+
+def test_auto_and_none_need_no_grammar():
+    assert _plan(tools=[WEATHER]).mode == "auto" and _plan(tools=[WEATHER]).grammar is None
+    assert _plan(tools=[WEATHER], tool_choice="none").grammar is None
+    disabled = ServerSettings(model_id=MODEL, disable_grammar_support=True)
+    assert _plan(disabled, tools=[WEATHER], tool_choice="auto").mode == "auto"
+    with pytest.raises(GatewayError, match="disable-grammar-support"):
+        _plan(disabled, tools=[WEATHER], tool_choice="required")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": []}, "tools"),
+    ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools.0.type"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]},
+     "tools.0.function.parameters"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+])
+def test_bad_tools_are_named(fields, param):
+    with pytest.raises(GatewayError) as caught:
+        _plan(**fields)
+    assert caught.value.param == param and caught.value.kind is ErrorKind.VALIDATION
+
+
+def test_auto_output_is_a_call_only_when_it_is_one():
+    plan = _plan(tools=[WEATHER, TIME])
+    for text in ('{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                 ' <tool_call>{"name": "get_weather", "parameters": {"city": "Paris"}}</tool_call>',
+                 '```json\n[{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]\n```'):
+        calls = parse_calls(plan, text)
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})], text
+    for text in ("It is sunny.", '{"name": "unknown", "arguments": {}}', '{"city": "Paris"}', "{not json"):
+        assert parse_calls(plan, text) is None, text
+    two = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {"tz": "UTC"}}]'
+    assert len(parse_calls(plan, two)) == 2
+    assert len(parse_calls(_plan(tools=[WEATHER, TIME], parallel_tool_calls=False), two)) == 1
+
+
+def test_whole_message_of_calls():
+    plan = _plan(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    message, reason = assistant_message('{"name": "get_weather", "arguments": {"city": "Rome"}}', "stop", plan)
+    call, = message["tool_calls"]
+    assert message["content"] is None and reason == "tool_calls"
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
+    assert assistant_message("Hello", "stop", _plan(tools=[WEATHER])) == (
+        {"role": "assistant", "content": "Hello", "refusal": None}, "stop")
+
+
+def _stream(plan, pieces, finish="stop"):
+    deltas = ChoiceDeltas(plan)
+    out = []
+    for piece in pieces:
+        out += [d for d, _ in deltas.feed(piece, None)]
+    last, reason = deltas.finish(finish)
+    return out + [d for d, _ in last], reason
+
+
+def test_stream_deltas_of_a_named_call_send_the_arguments_as_they_come():
+    plan = _plan(tools=[WEATHER], tool_choice="get_weather")
+    deltas, reason = _stream(plan, ['{"city"', ': "Paris"}'])
+    assert reason == "tool_calls"
+    head = deltas[0]["tool_calls"][0]
+    assert head["index"] == 0 and head["id"].startswith("call_") and head["function"]["name"] == "get_weather"
+    rest = [d["tool_calls"][0] for d in deltas[1:]]
+    assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in rest)
+    assert "".join(d["function"]["arguments"] for d in rest) == '{"city": "Paris"}'
+
+
+def test_stream_deltas_of_auto_hold_back_only_what_may_be_a_call():
+    plan = _plan(tools=[WEATHER, TIME])
+    text, reason = _stream(plan, [" It", " is", " sunny."])
+    assert [d["content"] for d in text] == [" It", " is", " sunny."] and reason == "stop"
+    calls, reason = _stream(plan, ['[{"name": "get_time", ', '"arguments": {"tz": "UTC"}},',
+                                   '{"name": "get_weather", "arguments": {"city": "Oslo"}}]'])
+    assert reason == "tool_calls" and [d["tool_calls"][0]["index"] for d in calls] == [0, 0, 1, 1]
+    assert [d["tool_calls"][0]["function"].get("name") for d in calls] == ["get_time", None, "get_weather", None]
+    not_a_call, reason = _stream(plan, ["{", "oops"], "length")
+    assert not_a_call == [{"content": "{oops"}] and reason == "length"
+
+
+def test_template_without_tools_gets_them_in_the_system_prompt_and_calls_as_text():
+    rendering = ToolRendering.for_template("{{ message['content'] }}")
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                      "arguments": {"city": "Oslo"}}}]},
+               {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+    messages = rendering.messages(history, _plan(tools=[WEATHER]), None)
+    assert messages[0]["role"] == "system" and '"get_weather"' in messages[0]["content"]
+    assert json.loads(messages[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert "tool_calls" not in messages[2] and messages[3]["content"] == "Result of get_weather: sunny"
+    assert ToolRendering.for_template("{% for t in tools %}{{ m.tool_calls }}{% endfor %}").messages(
+        history, _plan(tools=[WEATHER]), None) == history
