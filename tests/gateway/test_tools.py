@@ -148,3 +148,109 @@ def test_template_without_tools_gets_them_in_the_system_prompt_and_calls_as_text
     assert "tool_calls" not in messages[2] and messages[3]["content"] == "Result of get_weather: sunny"
     assert ToolRendering.for_template("{% for t in tools %}{{ m.tool_calls }}{% endfor %}").messages(
         history, _plan(tools=[WEATHER]), None) == history
+
+
+# -- over HTTP ------------------------------------------------------------------------------------------
+def _sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.openai_url, api_key="none", max_retries=0)
+
+
+def _args(call, tool=WEATHER) -> dict:
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    return arguments
+
+
+def test_named_and_required_tool_choice_are_enforced(server):
+    sdk = _sdk(server)
+    named = sdk.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0,
+                                        max_tokens=30, tool_choice={"type": "function",
+                                                                    "function": {"name": "get_weather"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call, = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    _args(call)
+    required = sdk.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0,
+                                           max_tokens=60, tool_choice="required")
+    calls = required.choices[0].message.tool_calls
+    assert required.choices[0].finish_reason == "tool_calls" and calls
+    for call in calls:
+        _args(call, {"get_weather": WEATHER, "get_time": TIME}[call.function.name])
+    assert len({call.id for call in calls}) == len(calls)
+
+
+def test_auto_answers_in_text_when_it_does_not_call_and_none_never_calls(server):
+    sdk = _sdk(server)
+    for choice in ("auto", "none"):
+        answer = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+                                             tools=[WEATHER], tool_choice=choice, temperature=0, max_tokens=8)
+        message = answer.choices[0].message
+        assert message.content and not message.tool_calls, choice
+
+
+def test_streamed_tool_calls_through_the_sdk(server):
+    sdk = _sdk(server)
+    ask = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=30,
+               tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    deltas = [c.choices[0].delta for c in sdk.chat.completions.create(**ask, stream=True) if c.choices]
+    pieces = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    assert pieces[0].id.startswith("call_") and pieces[0].function.name == "get_weather"
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p in pieces[1:]) and len(pieces) > 2
+    with sdk.chat.completions.stream(**ask) as stream:
+        final = stream.get_final_completion()
+    call, = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert call.function.arguments == "".join(p.function.arguments for p in pieces)
+    _args(call)
+
+
+def test_tool_results_go_back_to_the_model(server):
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 22 C"}]
+    answer = _sdk(server).chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], temperature=0,
+                                                  max_tokens=12)
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason in ("stop", "length")
+
+
+def test_legacy_functions_answer_with_function_call(http):
+    r = http.post("/v1/chat/completions", json={
+        "messages": ASK, "max_tokens": 30, "temperature": 0, "functions": [WEATHER["function"]],
+        "function_call": {"name": "get_weather"}})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "function_call" and "tool_calls" not in choice["message"]
+    jsonschema.validate(json.loads(choice["message"]["function_call"]["arguments"]), WEATHER_PARAMETERS)
+
+
+def test_langchain_bind_tools_round_trip_and_stream(server):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=server.openai_url, api_key="none", model=MODEL, temperature=0, max_tokens=30)
+    with_tools = llm.bind_tools([WEATHER], tool_choice="get_weather")
+    question = HumanMessage(ASK[0]["content"])
+    reply = with_tools.invoke([question])
+    call, = reply.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(call["args"], WEATHER_PARAMETERS)
+    follow_up = llm.invoke([question, reply, ToolMessage("Sunny, 22 C", tool_call_id=call["id"])])
+    assert isinstance(follow_up.content, str) and follow_up.content
+    streamed = None
+    for chunk in with_tools.stream([question]):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert [c["name"] for c in streamed.tool_calls] == ["get_weather"]
+    jsonschema.validate(streamed.tool_calls[0]["args"], WEATHER_PARAMETERS)
+
+
+def test_langchain_with_structured_output_function_calling(server):
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=20)
+        sunny: bool
+
+    llm = ChatOpenAI(base_url=server.openai_url, api_key="none", model=MODEL, temperature=0, max_tokens=30)
+    weather = llm.with_structured_output(Weather, method="function_calling").invoke(ASK[0]["content"])
+    assert isinstance(weather, Weather)
