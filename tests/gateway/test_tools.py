@@ -189,6 +189,24 @@ def test_auto_answers_in_text_when_it_does_not_call_and_none_never_calls(server)
         assert message.content and not message.tool_calls, choice
 
 
+def test_auto_returns_an_answer_that_is_a_call_as_tool_calls(server):
+    """Here a response_format makes the answer a call, so `auto` must read it as one, whole and streamed."""
+    call_schema = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": WEATHER_PARAMETERS},
+                   "required": ["name", "arguments"], "additionalProperties": False}
+    ask = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="auto", temperature=0, max_tokens=30,
+               response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": call_schema}})
+    sdk = _sdk(server)
+    whole = sdk.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    assert _args(whole.message.tool_calls[0]) == json.loads(whole.message.tool_calls[0].function.arguments)
+    chunks = [c.choices[0] for c in sdk.chat.completions.create(**ask, stream=True) if c.choices]
+    assert not any(c.delta.content for c in chunks) and chunks[-1].finish_reason == "tool_calls"
+    pieces = [c.delta.tool_calls[0] for c in chunks if c.delta.tool_calls]
+    assert pieces[0].function.name == "get_weather"
+    assert json.loads("".join(p.function.arguments for p in pieces)) == json.loads(
+        whole.message.tool_calls[0].function.arguments)
+
+
 def test_streamed_tool_calls_through_the_sdk(server):
     sdk = _sdk(server)
     ask = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=30,
@@ -254,3 +272,14 @@ def test_langchain_with_structured_output_function_calling(server):
     llm = ChatOpenAI(base_url=server.openai_url, api_key="none", model=MODEL, temperature=0, max_tokens=30)
     weather = llm.with_structured_output(Weather, method="function_calling").invoke(ASK[0]["content"])
     assert isinstance(weather, Weather)
+
+
+def test_inference_client_chat_completion_with_tools(server):
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=server.base_url)
+    answer = client.chat_completion(ASK, tools=[WEATHER], tool_choice={"function": {"name": "get_weather"}},
+                                    tool_prompt="Use the tools.", max_tokens=30, temperature=0)
+    call = answer.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and answer.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
