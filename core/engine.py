@@ -195,6 +195,8 @@ class EngineCore:
             first = starts[rid] + 1
             targets = request.prompt_token_ids[first:first + logits.shape[0]]
             scored = prompt_token_logprobs(logits, targets, request.sampling_params.prompt_logprobs)
+            if starts[rid] == 0:  # the first chunk, or a recompute after preemption: start over
+                self._prompt_logprobs[rid] = []
             self._prompt_logprobs.setdefault(rid, []).extend(scored)
         self.runner.last_prompt_logits = {}
 

@@ -137,3 +137,19 @@ def test_prompt_logprobs_match_a_full_forward_of_transformers(tiny_model_dir, bu
             token, logprob, top = scored[j]
             assert logprob == pytest.approx(expected[j - 1, token].item(), abs=1e-4)
             assert [t for t, _ in top] == expected[j - 1].topk(3).indices.tolist()
+
+
+def test_prompt_logprobs_are_not_repeated_when_a_chunked_prompt_is_preempted(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, budget=5)
+    prompt = list(PROMPTS[0]) * 3
+    engine.add_request(Request("r", prompt, SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)))
+    engine.step()  # the first chunk is scored
+    request = engine.scheduler.get_request("r")
+    assert 0 < request.num_computed_tokens < len(prompt)
+    engine.scheduler.running.remove(request)
+    engine.scheduler._preempt(request)  # recomputed from the start, scored again
+    scored = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            scored = out.prompt_logprobs if out.prompt_logprobs is not None else scored
+    assert [entry[0] for entry in scored] == prompt
