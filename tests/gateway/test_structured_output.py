@@ -82,6 +82,7 @@ def test_bad_grammars_name_the_problem(kind, value, message):
 
 
 # -- OpenAI dialect over HTTP ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sdk_parse_round_trip(server):
     completion = _sdk(server).chat.completions.parse(model=MODEL, messages=ASK_PERSON, response_format=Person,
                                                      max_tokens=LIMIT, temperature=0)
@@ -90,6 +91,7 @@ def test_sdk_parse_round_trip(server):
     _valid(message.content, Person.model_json_schema())
 
 
+@pytest.mark.slow
 def test_json_schema_with_n_and_seed_is_valid_and_reproducible(server):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}}
     ask = dict(model=MODEL, messages=ASK_PERSON, response_format=fmt, max_tokens=LIMIT, n=2, seed=11,
@@ -127,6 +129,7 @@ def test_vllm_guided_extras_on_chat_and_completions(server):
     _valid(person.choices[0].text)
 
 
+@pytest.mark.slow
 def test_langchain_with_structured_output_json_schema(server):
     from langchain_openai import ChatOpenAI
 
@@ -135,6 +138,7 @@ def test_langchain_with_structured_output_json_schema(server):
     assert isinstance(person, Person)
 
 
+@pytest.mark.slow
 def test_llamaindex_structured_predict(server):
     import asyncio
 
@@ -149,6 +153,7 @@ def test_llamaindex_structured_predict(server):
 
 
 # -- TGI dialect over HTTP ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_inference_client_text_generation_with_grammar(server):
     from huggingface_hub import InferenceClient
 
@@ -165,6 +170,7 @@ def test_inference_client_text_generation_with_grammar(server):
     _valid(streamed)
 
 
+@pytest.mark.slow
 def test_inference_client_chat_completion_with_response_format(server):
     from huggingface_hub import InferenceClient
 

@@ -207,6 +207,7 @@ def test_auto_returns_an_answer_that_is_a_call_as_tool_calls(server):
         whole.message.tool_calls[0].function.arguments)
 
 
+@pytest.mark.slow
 def test_streamed_tool_calls_through_the_sdk(server):
     sdk = _sdk(server)
     ask = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=30,
@@ -241,6 +242,7 @@ def test_legacy_functions_answer_with_function_call(http):
     jsonschema.validate(json.loads(choice["message"]["function_call"]["arguments"]), WEATHER_PARAMETERS)
 
 
+@pytest.mark.slow
 def test_langchain_bind_tools_round_trip_and_stream(server):
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_openai import ChatOpenAI
@@ -261,6 +263,7 @@ def test_langchain_bind_tools_round_trip_and_stream(server):
     jsonschema.validate(streamed.tool_calls[0]["args"], WEATHER_PARAMETERS)
 
 
+@pytest.mark.slow
 def test_langchain_with_structured_output_function_calling(server):
     from langchain_openai import ChatOpenAI
     from pydantic import BaseModel, Field
@@ -274,6 +277,7 @@ def test_langchain_with_structured_output_function_calling(server):
     assert isinstance(weather, Weather)
 
 
+@pytest.mark.slow
 def test_inference_client_chat_completion_with_tools(server):
     from huggingface_hub import InferenceClient
 
