@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend, StepPlanCache
+from switchyard.backends.cpu import attention as cpu_attention
 from switchyard.core.backend import AttentionMetadata, AttentionSpec
 from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
 
@@ -97,6 +98,19 @@ def test_batch_shapes(lens, num_decodes):
     torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_many_decodes_match_reference_across_row_groups(dtype, window):
+    """35 decodes: two full row groups on the matmul path (bf16) and a 3-row rest on SDPA."""
+    assert cpu_attention.DECODE_ROWS_PER_GROUP == 16 and cpu_attention.MIN_ROWS_FOR_MATMUL_DECODES == 4
+    rng = random.Random(3)
+    lens = [(1, rng.randint(1, 60)) for _ in range(35)] + [(9, 20)]
+    spec = AttentionSpec(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3, dtype=dtype,
+                         sliding_window=window)
+    out, expected = run_both(lens, 35, spec, seed=11, num_blocks=512)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
 def test_soft_cap_and_window_change_the_result():
     """Guards the tests above: the cases they cover really differ from plain causal attention."""
     lens = [(1, 30), (9, 25)]
@@ -115,11 +129,11 @@ def test_plan_is_shared_by_layers_and_rebuilt_per_step():
     layers = [backend.attention(spec) for _ in range(3)]
     meta = make_meta([(1, 10), (4, 12)], 1, 8, 16, random.Random(0))
     plans = backend._plans
-    first = plans.get(meta, 8, None, torch.float32)
+    first = plans.get(meta, 8, None, torch.float32, 2)
     assert all(layer._plans is plans for layer in layers)
-    assert plans.get(meta, 8, None, torch.float32) is first
+    assert plans.get(meta, 8, None, torch.float32, 2) is first
     next_meta = make_meta([(1, 11), (4, 12)], 1, 8, 16, random.Random(0))
-    assert plans.get(next_meta, 8, None, torch.float32) is not first
+    assert plans.get(next_meta, 8, None, torch.float32, 2) is not first
 
 
 def test_empty_batch():
