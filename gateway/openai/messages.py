@@ -66,9 +66,14 @@ def _arguments(arguments: str | dict, param: str) -> dict:
 
 
 def chat_prompt_ids(service, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
-    """Render the chat template and tokenize it (the template adds the special tokens).
-    Tools, tool calls and tool results go through the template when it knows them;
-    otherwise `ToolRendering` writes them into the messages as text."""
+    """The rendered conversation, tokenized (the template adds the special tokens)."""
+    return service.encode(chat_prompt_text(service, req, tools), add_special_tokens=False)
+
+
+def chat_prompt_text(service, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> str:
+    """The chat template applied to the request's messages. Tools, tool calls and tool
+    results go through the template when it knows them; otherwise `ToolRendering`
+    writes them into the messages as text."""
     kwargs = dict(req.chat_template_kwargs or {})
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
     if reserved:
@@ -77,5 +82,4 @@ def chat_prompt_ids(service, req: ChatCompletionRequest, tools: ToolPlan | None 
     messages = rendering.messages(template_messages(req.messages), tools, req.tool_prompt)
     if tools is not None and rendering.template_renders_tools:
         kwargs["tools"] = tools.definitions()
-    text = service.render_chat(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
-    return service.encode(text, add_special_tokens=False)
+    return service.render_chat(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)

@@ -16,8 +16,9 @@ from ..app import require_api_key
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
 from ..service import GenerationService
 from .body import json_object, parse
-from ..openai.messages import template_messages
+from ..openai.messages import chat_prompt_text
 from ..openai.schemas import ChatCompletionRequest
+from ..openai.tools import tool_plan
 from .schemas import GenerateRequest
 
 router = APIRouter()
@@ -51,11 +52,7 @@ def simple_tokens(tokenizer, text: str, add_special_tokens: bool, keep_last: int
 def render(service: GenerationService, chat: ChatCompletionRequest) -> str:
     """The chat template applied to a chat request's messages (and tools), as
     /v1/chat/completions renders them."""
-    kwargs = dict(chat.chat_template_kwargs or {})
-    if chat.tools:
-        kwargs["tools"] = [t if "function" in t else {"type": "function", "function": t} for t in chat.tools]
-    return service.render_chat(template_messages(chat.messages), add_generation_prompt=chat.add_generation_prompt,
-                               **kwargs)
+    return chat_prompt_text(service, chat, tool_plan(chat, service.settings))
 
 
 @router.post("/tokenize", dependencies=[Depends(require_api_key)])

@@ -224,6 +224,21 @@ def test_streamed_tool_calls_through_the_sdk(server):
     _args(call)
 
 
+def test_the_prompt_carries_tools_calls_and_results(http):
+    """SmolLM2's template ignores tools: they are written into the system prompt (TGI's /chat_tokenize
+    shows the prompt /v1/chat/completions renders), earlier calls as JSON, results by function name."""
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 22 C"}]
+    text = http.post("/chat_tokenize", json={"messages": history, "tools": [WEATHER], "tool_choice": "required",
+                                             "tool_prompt": "Tools:"}).json()["templated_text"]
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nTools:\n") and '"name": "get_weather"' in system
+    assert "one or more function calls" in system
+    assert '<|im_start|>assistant\n{"name": "get_weather", "arguments": {"city": "Paris"}}<|im_end|>' in text
+    assert "<|im_start|>tool\nResult of get_weather: Sunny, 22 C<|im_end|>" in text
+
+
 def test_tool_results_go_back_to_the_model(server):
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
