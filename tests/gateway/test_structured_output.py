@@ -9,6 +9,7 @@ a 400 on OpenAI routes and a 422 on TGI's, naming the field, before the engine
 sees the request."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -17,10 +18,13 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from switchyard.core.grammar import GrammarSpec
-from switchyard.gateway.errors import GatewayError
+from switchyard.core.grammar import GrammarError, GrammarSpec
+from switchyard.gateway.errors import ErrorKind, GatewayError
+from switchyard.gateway.metrics import Metrics
 from switchyard.gateway.openai.formats import response_format_spec
 from switchyard.gateway.openai.schemas import ResponseFormat
+from switchyard.gateway.service import GenerationService
+from switchyard.gateway.settings import ServerSettings
 from switchyard.gateway.structured import choice_spec, tgi_grammar_spec
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -79,6 +83,34 @@ def test_bad_grammars_name_the_problem(kind, value, message):
     with pytest.raises(GatewayError, match=re.escape(message)) as caught:
         tgi_grammar_spec(kind, value, "grammar")
     assert caught.value.param == "grammar"
+
+
+class _StreamFailingToCompile:
+    """A request stream whose grammar fails in the engine after submission."""
+
+    finished = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise GrammarError("the grammar took too long to compile", "grammar")
+
+    def abort(self) -> None:
+        pass
+
+
+def test_a_grammar_error_from_the_engine_is_a_validation_error():
+    service = GenerationService(None, ServerSettings(model_id=MODEL), Metrics())
+
+    async def merged():
+        async for _ in service.merged([_StreamFailingToCompile()]):
+            pass
+
+    for work in (merged(), service.collect(_StreamFailingToCompile())):
+        with pytest.raises(GatewayError, match="too long") as caught:
+            asyncio.run(work)
+        assert caught.value.kind is ErrorKind.VALIDATION and caught.value.param == "grammar"
 
 
 # -- OpenAI dialect over HTTP ------------------------------------------------------------------------
