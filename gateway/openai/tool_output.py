@@ -2,13 +2,15 @@
 arguments as a JSON string, `content` null, finish_reason `tool_calls`); whole, or
 as stream deltas that the OpenAI SDK, LangChain and LlamaIndex accumulate: a list
 of calls with `index`, id, type and name in the first delta of each call only, the
-arguments after it (in pieces for a named tool_choice, whose output *is* them).
+arguments after it, in pieces as they are generated (named and required choices,
+whose grammars fix the shape; an `auto` answer is read when it is complete).
 
 The deprecated `functions` get `function_call` instead (one call, no id)."""
 from __future__ import annotations
 
 import uuid
 
+from .call_scanner import CallScanner, scanned_calls
 from .tools import ParsedCall, ToolPlan, parse_calls
 
 # first characters of an answer that may be a tool call (JSON, <tool_call>, a fence)
@@ -21,7 +23,7 @@ def new_call_id() -> str:
 
 def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> tuple[dict, str]:
     """The whole message of a choice, and its finish_reason."""
-    calls = parse_calls(tools, text) if tools is not None and tools.calls else None
+    calls = _calls(tools, text) if tools is not None and tools.calls else None
     if not calls:
         return {"role": "assistant", "content": text, "refusal": None}, finish_reason
     message: dict = {"role": "assistant", "content": None, "refusal": None}
@@ -31,6 +33,12 @@ def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> 
         message["tool_calls"] = [{"id": new_call_id(), "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
     return message, _calls_finish_reason(tools, finish_reason)
+
+
+def _calls(tools: ToolPlan, text: str) -> list[ParsedCall] | None:
+    if tools.mode == "required":  # the grammar's shape, read as the stream reads it (even if cut short)
+        return [ParsedCall(name, arguments) for name, arguments in scanned_calls(text)] or None
+    return parse_calls(tools, text)
 
 
 def _calls_finish_reason(tools: ToolPlan, finish_reason: str) -> str:
@@ -50,12 +58,16 @@ class ChoiceDeltas:
         if tools is None or not tools.calls:
             self._mode = "text"
         else:
-            self._mode = {"named": "arguments", "required": "held"}.get(tools.mode, "undecided")
+            self._mode = {"named": "arguments", "required": "scanned"}.get(tools.mode, "undecided")
+        self._scanner = CallScanner()
+        self._num_sent_calls = 0
         self._held: list[str] = []
         self._held_logprobs: list | None = None
         self._started_call = False
 
     def feed(self, text: str, logprobs: list | None) -> list[tuple[dict, list | None]]:
+        if self._mode == "scanned":
+            return self._scan(text, logprobs)
         if self._mode in ("undecided", "held"):
             self._hold(text, logprobs)
             if self._mode == "held" or not "".join(self._held).strip():
@@ -77,6 +89,10 @@ class ChoiceDeltas:
         if self._mode == "arguments":
             return self._start_named_call(), _calls_finish_reason(self._tools, finish_reason)
         text, logprobs = self._release()
+        if self._mode == "scanned":
+            if self._num_sent_calls:
+                return [], _calls_finish_reason(self._tools, finish_reason)
+            return ([({"content": text}, logprobs)] if text else []), finish_reason
         calls = parse_calls(self._tools, text) if self._mode == "held" else None
         if not calls:
             return ([({"content": text}, logprobs)] if text else []), finish_reason
@@ -85,6 +101,25 @@ class ChoiceDeltas:
             deltas += [(self._header_delta(i, call.name), None), (self._arguments_delta(i, call.arguments), None)]
         deltas[-1] = (deltas[-1][0], logprobs)
         return deltas, _calls_finish_reason(self._tools, finish_reason)
+
+    def _scan(self, text: str, logprobs: list | None) -> list[tuple[dict, list | None]]:
+        """`required`: calls are sent as the grammar-shaped output is read; the text is
+        kept until a call starts, for an output that holds none (no grammar applied)."""
+        events = self._scanner.feed(text)
+        if not self._num_sent_calls and not events:
+            self._hold(text, logprobs)
+            return []
+        self._held, self._held_logprobs = [], None
+        deltas = []
+        for kind, value in events:
+            if kind == "call":
+                self._num_sent_calls += 1
+                deltas.append((self._header_delta(self._num_sent_calls - 1, value), None))
+            elif self._num_sent_calls:
+                deltas.append((self._arguments_delta(self._num_sent_calls - 1, value), None))
+        if deltas:
+            deltas[-1] = (deltas[-1][0], logprobs)
+        return deltas
 
     def _hold(self, text: str, logprobs: list | None) -> None:
         self._held.append(text)

@@ -123,6 +123,26 @@ def test_stream_deltas_of_a_named_call_send_the_arguments_as_they_come():
     assert "".join(d["function"]["arguments"] for d in rest) == '{"city": "Paris"}'
 
 
+def test_stream_deltas_of_required_calls_come_as_they_are_generated():
+    plan = _plan(tools=[WEATHER, TIME], tool_choice="required")
+    text = '[{"name": "get_weather", "arguments": {"city": "O}s\\"lo"}}, {"name": "get_time", "arguments": {"tz": "UTC"}}]'
+    deltas = ChoiceDeltas(plan)
+    sent = []
+    for i in range(0, len(text), 5):
+        sent.append([d["tool_calls"][0] for d, _ in deltas.feed(text[i:i + 5], None)])
+    last, reason = deltas.finish("stop")
+    assert last == [] and reason == "tool_calls"
+    first_call_at = next(i for i, d in enumerate(sent) if d)
+    assert first_call_at < len(sent) // 3  # the first call starts before the output is complete
+    pieces = [d for ds in sent for d in ds]
+    assert [p["function"]["name"] for p in pieces if "id" in p] == ["get_weather", "get_time"]
+    arguments = ["".join(p["function"]["arguments"] for p in pieces if p["index"] == i) for i in (0, 1)]
+    assert [json.loads(a) for a in arguments] == [{"city": 'O}s"lo'}, {"tz": "UTC"}]
+    message, _ = assistant_message(text, "stop", plan)
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == arguments  # the same whole
+    assert _stream(plan, ["No", " call"]) == ([{"content": "No call"}], "stop")  # no grammar applied
+
+
 def test_stream_deltas_of_auto_hold_back_only_what_may_be_a_call():
     plan = _plan(tools=[WEATHER, TIME])
     text, reason = _stream(plan, [" It", " is", " sunny."])
@@ -222,6 +242,12 @@ def test_streamed_tool_calls_through_the_sdk(server):
     assert final.choices[0].finish_reason == "tool_calls"
     assert call.function.arguments == "".join(p.function.arguments for p in pieces)
     _args(call)
+    with sdk.chat.completions.stream(**{**ask, "tool_choice": "required", "tools": [WEATHER, TIME],
+                                        "max_tokens": 60}) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls" and final.choices[0].message.tool_calls
+    for call in final.choices[0].message.tool_calls:
+        _args(call, {"get_weather": WEATHER, "get_time": TIME}[call.function.name])
 
 
 def test_the_prompt_carries_tools_calls_and_results(http):
