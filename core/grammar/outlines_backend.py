@@ -11,6 +11,7 @@ from .vocabulary import token_byte_map
 
 # Compact JSON: no free whitespace (small models otherwise loop on it until max_tokens).
 _WHITESPACE = ""
+_MAX_CACHED_STATES = 4096  # masks of 6 KiB each for a 49k vocabulary: at most 24 MiB per grammar
 
 
 class OutlinesMatcher(GrammarMatcher):
@@ -35,15 +36,10 @@ class OutlinesMatcher(GrammarMatcher):
         return True
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        target = bitmask[row]
         if self._terminated:
-            target.zero_()
-            return
-        self._guide.write_mask_into(target.data_ptr(), target.numel(), 4)
-        if self._guide.is_finished():  # every EOS id, not only the one outlines knows
-            target |= self._compiled.eos_words
+            bitmask[row].zero_()
         else:
-            target &= ~self._compiled.eos_words
+            bitmask[row].copy_(self._compiled.state_mask(self._guide))
 
     @property
     def can_terminate(self) -> bool:
@@ -55,13 +51,32 @@ class OutlinesMatcher(GrammarMatcher):
 
 
 class OutlinesCompiled(CompiledGrammar):
+    """Masks are cached per automaton state: outlines writes a mask by walking every
+    allowed token (milliseconds for a state inside a JSON string), and generation
+    revisits the same few states over and over."""
+
     def __init__(self, index, eos_token_ids: tuple[int, ...], eos_words: torch.Tensor):
         self.index = index
         self.eos_token_ids = frozenset(eos_token_ids)
         self.eos_words = eos_words
+        self._state_masks: dict[int, torch.Tensor] = {}  # bounded by _MAX_CACHED_STATES
 
     def new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
+
+    def state_mask(self, guide) -> torch.Tensor:
+        state = guide.get_state()
+        mask = self._state_masks.get(state)
+        if mask is None:
+            mask = torch.zeros_like(self.eos_words)
+            guide.write_mask_into(mask.data_ptr(), mask.numel(), 4)
+            if guide.is_finished():  # every EOS id, not only the one outlines knows
+                mask |= self.eos_words
+            else:
+                mask &= ~self.eos_words
+            if len(self._state_masks) < _MAX_CACHED_STATES:  # dict writes are atomic under the GIL
+                self._state_masks[state] = mask
+        return mask
 
 
 class OutlinesCompiler(GrammarCompiler):
