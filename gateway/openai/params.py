@@ -59,11 +59,12 @@ def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: 
     tools = tool_plan(req, settings)
     output = output_grammar(req, settings, req.response_format)
     grammar, grammar_param = (output.spec, output.param) if output else (None, None)
-    if tools is not None and tools.grammar is not None:
+    tools_grammar = tools.grammar if tools is not None else None
+    if tools_grammar is not None:
         if output is not None:
             raise invalid(f"{output.param} and {tools.param} {tools.mode!r} both constrain the output; send one",
                           tools.param, ErrorKind.TOOL)
-        grammar, grammar_param = tools.grammar, tools.param
+        grammar, grammar_param = tools_grammar, tools.tools_param
     if req.top_logprobs and not req.logprobs:
         raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

@@ -43,7 +43,8 @@ class ToolPlan:
     named: str | None  # the function a named tool_choice forces
     parallel: bool  # more than one call allowed
     legacy: bool  # asked with `functions`: answered with `function_call`
-    param: str  # "tool_choice" or "function_call": grammar errors name it
+    param: str  # "tool_choice" or "function_call": what asks for a grammar
+    tools_param: str  # "tools" or "functions": what a grammar that cannot compile comes from
 
     @property
     def calls(self) -> bool:
@@ -95,7 +96,7 @@ def tool_plan(req: ChatCompletionRequest, settings: ServerSettings) -> ToolPlan 
     if mode in ("required", "named"):
         check_enabled(settings, choice_param)
     parallel = req.parallel_tool_calls is not False and not legacy
-    return ToolPlan(tools, mode, named, parallel, legacy, choice_param)
+    return ToolPlan(tools, mode, named, parallel, legacy, choice_param, tools_param)
 
 
 def _tool(index: int, raw: dict, param: str, legacy: bool) -> Tool:

@@ -200,6 +200,15 @@ def test_named_and_required_tool_choice_are_enforced(server):
     assert len({call.id for call in calls}) == len(calls)
 
 
+def test_tools_whose_grammar_cannot_compile_are_a_400_naming_them(server):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(server).chat.completions.create(model=MODEL, messages=ASK, tools=[tool], tool_choice="required",
+                                             max_tokens=4)
+    assert caught.value.body["param"] == "tools" and "ookbehind" in caught.value.body["message"]
+
+
 def test_auto_answers_in_text_when_it_does_not_call_and_none_never_calls(server):
     sdk = _sdk(server)
     for choice in ("auto", "none"):
