@@ -337,3 +337,17 @@ def test_inference_client_chat_completion_with_tools(server):
     call = answer.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and answer.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
+
+
+@pytest.mark.slow
+def test_sdk_parse_with_a_strict_pydantic_tool(server):
+    from pydantic import BaseModel, Field
+
+    class GetWeather(BaseModel):
+        city: str = Field(max_length=20)
+
+    completion = _sdk(server).chat.completions.parse(
+        model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=30)
+    call, = completion.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, GetWeather) and call.function.name == "GetWeather"
