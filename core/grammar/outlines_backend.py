@@ -97,7 +97,7 @@ class OutlinesCompiler(GrammarCompiler):
 
         try:
             if spec.kind == "regex":
-                regex = spec.value
+                regex = strip_anchors(spec.value)
             else:
                 schema = spec.value if spec.kind == "json_schema" else json.dumps({"type": "object"})
                 regex = build_regex_from_schema(schema, whitespace_pattern=_WHITESPACE)
@@ -105,3 +105,12 @@ class OutlinesCompiler(GrammarCompiler):
         except (RuntimeError, ValueError, TypeError) as exc:
             raise grammar_error(spec, exc) from None
         return OutlinesCompiled(index, self._eos_token_ids, self._eos_words)
+
+
+def strip_anchors(pattern: str) -> str:
+    """A spec's regex must match the whole output anyway; outlines rejects ^ and $ anchors."""
+    if pattern.startswith("^"):
+        pattern = pattern[1:]
+    if pattern.endswith("$") and (len(pattern) - len(pattern[:-1].rstrip("\\")) - 1) % 2 == 0:
+        pattern = pattern[:-1]
+    return pattern

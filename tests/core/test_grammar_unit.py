@@ -48,6 +48,7 @@ def test_token_bytes_of_byte_level_and_byte_fallback_tokens(default_tokenizer):
     (GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}},
                               "required": ["a", "b"], "additionalProperties": False}), '{"a":12,"b":"y"}'),
     (GrammarSpec.regex(r"\d{4}-\d{2}-\d{2}"), "2024-02-29"),
+    (GrammarSpec.regex(r"^[a-z]+@[a-z]+\.com$"), "ann@bake.com"),  # anchors are allowed (outlines strips them)
     (GrammarSpec.json_object(), '{"k":[1,2,{"z":null}]}'),
 ])
 def test_every_token_of_a_valid_text_is_allowed_and_eos_only_at_the_end(compiler, default_tokenizer, spec, text):
