@@ -1,0 +1,85 @@
+"""The CPU backend's linear layers: oneDNN-packed weights and the single-row product choice."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from switchyard.backends.cpu.linear import PackedLinear, pack_linears, packing_supported
+from switchyard.backends.cpu.tuning import choose_single_row_products, matvec_is_faster
+from switchyard.core.layers import Linear, MergedLinear
+from switchyard.core.layers.linear import linear
+
+needs_packing = pytest.mark.skipif(not packing_supported(), reason="this torch has no oneDNN linear packing")
+TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
+
+
+def _filled(module: Linear, seed: int = 0) -> Linear:
+    gen = torch.Generator().manual_seed(seed)
+    module.weight.data.copy_(torch.randn(module.weight.shape, generator=gen))
+    if module.bias is not None:
+        module.bias.data.copy_(torch.randn(module.bias.shape, generator=gen))
+    return module
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 33])
+def test_packed_linear_matches_f_linear(dtype, bias, rows):
+    plain = _filled(Linear(40, 24, bias=bias, dtype=dtype))
+    packed = PackedLinear(plain.weight, plain.bias)
+    x = torch.randn(rows, 40).to(dtype)
+    with torch.inference_mode():
+        out = packed(x)
+    assert out.shape == (rows, 24) and out.dtype == dtype
+    torch.testing.assert_close(out, F.linear(x, plain.weight, plain.bias), **TOLERANCE[dtype])
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.up = _filled(MergedLinear(16, (8, 8), dtype=dtype), seed=1)
+        self.down = _filled(Linear(16, 16, bias=True, dtype=dtype), seed=2)
+        self.head = nn.ModuleDict({"out": _filled(Linear(16, 5, dtype=dtype), seed=3)})
+
+    def forward(self, x):
+        return self.head["out"](self.down(self.up(x)))
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pack_linears_replaces_every_linear_and_keeps_the_output(dtype):
+    model = _TwoLayers(dtype)
+    x = torch.randn(4, 16).to(dtype)
+    with torch.inference_mode():
+        expected = model(x)
+        assert pack_linears(model) == 3
+        out = model(x)
+    assert all(not isinstance(m, Linear) for m in model.modules())
+    assert isinstance(model.head["out"], PackedLinear)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+def test_float16_linears_are_not_packed():
+    model = nn.Sequential(_filled(Linear(8, 8, dtype=torch.float16)))
+    assert pack_linears(model) == 0 and isinstance(model[0], Linear)
+
+
+@pytest.mark.parametrize("matvec", [None, True, False])
+def test_single_row_products_agree_either_way(matvec):
+    weight, row = torch.randn(12, 8).bfloat16(), torch.randn(1, 8).bfloat16()
+    torch.testing.assert_close(linear(row, weight, None, matvec), F.linear(row, weight), atol=1e-2, rtol=1e-2)
+
+
+def test_choose_single_row_products_sets_every_linear_by_shape():
+    model = nn.Sequential(_filled(Linear(32, 16, dtype=torch.bfloat16)),
+                          _filled(Linear(16, 32, dtype=torch.bfloat16)),
+                          _filled(Linear(32, 16, dtype=torch.bfloat16)))
+    choices = choose_single_row_products(model)
+    assert set(choices) == {(16, 32, torch.bfloat16), (32, 16, torch.bfloat16)}
+    assert [m.single_row_matvec for m in model] == [choices[(16, 32, torch.bfloat16)],
+                                                     choices[(32, 16, torch.bfloat16)],
+                                                     choices[(16, 32, torch.bfloat16)]]
+    assert isinstance(matvec_is_faster(torch.randn(4, 4)), bool)
