@@ -46,6 +46,22 @@ def disallowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return table[bitmask.contiguous().view(torch.uint8).long()].view(bitmask.shape[0], -1)[:, :vocab_size]
 
 
+_BYTE_BIAS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def mask_bias(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, vocab_size] additive mask: 0 allowed, -inf disallowed.
+    One row gather of an 8-wide table per byte: a single cheap op (masked_fill with a bool
+    mask measured several times slower on CPU)."""
+    key = (bitmask.device, dtype)
+    table = _BYTE_BIAS.get(key)
+    if table is None:
+        bits = torch.tensor([[(value >> j) & 1 for j in range(8)] for value in range(256)], dtype=torch.bool)
+        table = _BYTE_BIAS[key] = torch.where(bits, 0.0, float("-inf")).to(bitmask.device, dtype)
+    index = bitmask.contiguous().view(torch.uint8).view(-1).long()
+    return table.index_select(0, index).view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab_size] bool, True = allowed."""
     return ~disallowed_tokens(bitmask, vocab_size)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import CompiledGrammar, GrammarMatcher, allocate_bitmask, disallowed_tokens, token_words
+from .base import CompiledGrammar, GrammarMatcher, allocate_bitmask, mask_bias, token_words
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,12 @@ def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
     """A copy of logits with the disallowed tokens of the constrained rows at -inf."""
     device = logits.device
     bitmask = mask.bitmask if device.type == "cpu" else mask.bitmask.pin_memory().to(device, non_blocking=True)
-    disallowed = disallowed_tokens(bitmask, logits.shape[-1])
+    bias = mask_bias(bitmask, logits.shape[-1], logits.dtype)
     if len(mask.rows) == logits.shape[0]:
-        return logits.masked_fill(disallowed, float("-inf"))
+        return logits + bias
     index = torch.tensor(mask.rows, dtype=torch.long)
     index = index if device.type == "cpu" else index.pin_memory().to(device, non_blocking=True)
-    rows = logits.index_select(0, index).masked_fill_(disallowed, float("-inf"))
+    rows = logits.index_select(0, index).add_(bias)
     return logits.index_copy(0, index, rows)
 
 
