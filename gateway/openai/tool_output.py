@@ -68,20 +68,17 @@ class ChoiceDeltas:
     def feed(self, text: str, logprobs: list | None) -> list[tuple[dict, list | None]]:
         if self._mode == "scanned":
             return self._scan(text, logprobs)
-        if self._mode in ("undecided", "held"):
+        if self._mode == "arguments":
+            deltas = self._start_named_call()
+            if text or logprobs:
+                deltas.append((self._arguments_delta(0, text), logprobs))
+            return deltas
+        if self._mode != "text":
             self._hold(text, logprobs)
-            if self._mode == "held" or not "".join(self._held).strip():
-                return []
-            self._mode = "held" if "".join(self._held).lstrip()[0] in _CALL_STARTS else "text"
-            if self._mode == "held":
+            if not self._is_text():
                 return []
             text, logprobs = self._release()
-        if self._mode == "text":
-            return [({"content": text}, logprobs)] if text or logprobs else []
-        deltas = self._start_named_call()
-        if text or logprobs:
-            deltas.append((self._arguments_delta(0, text), logprobs))
-        return deltas
+        return [({"content": text}, logprobs)] if text or logprobs else []
 
     def finish(self, finish_reason: str) -> tuple[list[tuple[dict, list | None]], str]:
         if self._mode == "text":
@@ -89,10 +86,8 @@ class ChoiceDeltas:
         if self._mode == "arguments":
             return self._start_named_call(), _calls_finish_reason(self._tools, finish_reason)
         text, logprobs = self._release()
-        if self._mode == "scanned":
-            if self._num_sent_calls:
-                return [], _calls_finish_reason(self._tools, finish_reason)
-            return ([({"content": text}, logprobs)] if text else []), finish_reason
+        if self._mode == "scanned" and self._num_sent_calls:
+            return [], _calls_finish_reason(self._tools, finish_reason)
         calls = parse_calls(self._tools, text) if self._mode == "held" else None
         if not calls:
             return ([({"content": text}, logprobs)] if text else []), finish_reason
@@ -101,6 +96,15 @@ class ChoiceDeltas:
             deltas += [(self._header_delta(i, call.name), None), (self._arguments_delta(i, call.arguments), None)]
         deltas[-1] = (deltas[-1][0], logprobs)
         return deltas, _calls_finish_reason(self._tools, finish_reason)
+
+    def _is_text(self) -> bool:
+        """`auto`: whether the answer held so far is text; decided at its first
+        non-space character (one that may start a call holds the rest back)."""
+        if self._mode == "undecided":
+            head = "".join(self._held).lstrip()
+            if head:
+                self._mode = "held" if head[0] in _CALL_STARTS else "text"
+        return self._mode == "text"
 
     def _scan(self, text: str, logprobs: list | None) -> list[tuple[dict, list | None]]:
         """`required`: calls are sent as the grammar-shaped output is read; the text is
