@@ -66,8 +66,9 @@ class ToolPlan:
 
     def definitions(self) -> list[dict]:
         """The tools in OpenAI's shape, for a chat template that renders `tools`."""
-        return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                  "parameters": t.parameters}} for t in self.tools]
+        return [{"type": "function", "function": {"name": t.name, "parameters": t.parameters,
+                                                  **({"description": t.description} if t.description else {})}}
+                for t in self.tools]
 
 
 def _call_schema(tool: Tool) -> dict:
