@@ -54,5 +54,6 @@ class OutputProcessor:
                 logprobs=None if out.logprob is None else (out.logprob,),
                 top_logprobs=None if out.top_logprobs is None else (out.top_logprobs,),
                 first_scheduled_time=state.request.first_scheduled_time,
+                num_cached_tokens=state.request.num_cached_tokens,
                 prompt_logprobs=out.prompt_logprobs, error=out.error))
         return results

@@ -100,6 +100,7 @@ class RequestOutput:
     logprobs: tuple[float, ...] | None = None  # of each new token
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     first_scheduled_time: float | None = None  # time.monotonic(); set on the finished output
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # on the first output, when SamplingParams.prompt_logprobs is set: one entry per prompt
     # token, (token id, logprob (None for the first token), top-n ((id, logprob), ...))
     prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None

@@ -30,6 +30,7 @@ class Completion:
     stop_reason: int | None  # the stop token id that ended it
     # (token id, logprob or None for the first, top-n) per prompt token, when asked for
     prompt_logprobs: tuple | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ class GenerationService:
         return Completion("".join(pieces), tuple(token_ids), last.finish_reason,
                           tuple(logprobs) if last.logprobs is not None else None,
                           tuple(top) if last.top_logprobs is not None else None,
-                          last.num_prompt_tokens, last.stop_reason, prompt_logprobs)
+                          last.num_prompt_tokens, last.stop_reason, prompt_logprobs, last.num_cached_tokens)
 
     async def collect_all(self, streams: list[RequestStream]) -> list[Completion]:
         try:

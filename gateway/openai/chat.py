@@ -12,7 +12,7 @@ from switchyard.core.request import RequestOutput
 from ..errors import SafeJSONResponse
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
-from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
+from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
 from .logprobs import chat_logprob_entries
 from .messages import chat_prompt_ids
@@ -46,7 +46,8 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     completions = await collect_and_release(service, admission, streams, http_request)
     choices = [_choice(i, c, strings, plan) for i, c in enumerate(completions)]
     extra = {"service_tier": "default"} if req.service_tier is not None else {}
-    body = meta.body(choices, usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in completions)), **extra)
+    body = meta.body(choices, usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in completions),
+                                          completions[0].num_cached_tokens), **extra)
     return SafeJSONResponse(body, headers={"x-request-id": meta.id})
 
 
@@ -76,9 +77,11 @@ class ChatChunks(ChunkBuilder):
         self._continuous_usage = continuous_usage
         self._choices: dict[int, ChoiceDeltas] = {}
         self._num_output_tokens: dict[int, int] = {}
+        self._cached = CachedTokens(plan.num_sequences)
 
     def on_output(self, index: int, out: RequestOutput) -> list[dict]:
         self._num_output_tokens[index] = out.num_output_tokens
+        self._cached.record(index, out.num_cached_tokens)
         chunks = []
         choice = self._choices.get(index)
         if choice is None:
@@ -105,7 +108,7 @@ class ChatChunks(ChunkBuilder):
         return chat_logprob_entries(self._strings, out.new_token_ids, out.logprobs or (), out.top_logprobs)
 
     def _usage(self) -> dict:
-        return usage(self._num_prompt_tokens, sum(self._num_output_tokens.values()))
+        return usage(self._num_prompt_tokens, sum(self._num_output_tokens.values()), self._cached.total)
 
     def _chunk(self, index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None):
         extra = {}

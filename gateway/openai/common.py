@@ -60,9 +60,28 @@ class ResponseMeta:
                 "system_fingerprint": self.system_fingerprint, "choices": choices, **extra}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `cached_tokens` are prompt tokens served from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class CachedTokens:
+    """Prompt tokens served from the cache, counted once per prompt: by the first
+    sequence of each (siblings reuse its blocks and would count them again)."""
+
+    def __init__(self, num_sequences: int):
+        self._num_sequences = num_sequences
+        self._by_prompt: dict[int, int] = {}
+
+    def record(self, index: int, num_cached_tokens: int) -> None:
+        if index % self._num_sequences == 0:
+            self._by_prompt[index // self._num_sequences] = num_cached_tokens
+
+    @property
+    def total(self) -> int:
+        return sum(self._by_prompt.values())
 
 
 async def admitted(service, prepare: Callable[[], Awaitable]):

@@ -11,7 +11,7 @@ from switchyard.core.request import RequestOutput
 from ..errors import SafeJSONResponse
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
-from .common import (ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
+from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
 from .logprobs import CompletionLogprobs, merge_fragments
 from .params import EnginePlan, check_token_ids, completion_plan, invalid
@@ -51,7 +51,8 @@ async def create_completion(req: CompletionRequest, http_request: Request):
     completions = await collect_and_release(service, admission, streams, http_request)
     body = meta.body(_choices(req, plan, prompts, completions, strings),
                      usage=usage(sum(len(p.ids) for p in prompts),
-                                 0 if plan.discard_output else sum(len(c.token_ids) for c in completions)))
+                                 0 if plan.discard_output else sum(len(c.token_ids) for c in completions),
+                                 sum(c.num_cached_tokens for c in completions[::plan.num_sequences])))
     return SafeJSONResponse(body, headers={"x-request-id": meta.id})
 
 
@@ -129,8 +130,10 @@ class CompletionChunks(ChunkBuilder):
         self._continuous_usage = continuous_usage
         self._logprobs: dict[int, CompletionLogprobs] = {}
         self._num_output_tokens: dict[int, int] = {}
+        self._cached = CachedTokens(plan.num_sequences)
 
     def on_output(self, index: int, out: RequestOutput) -> list[dict]:
+        self._cached.record(index, out.num_cached_tokens)
         chunks = []
         if index not in self._logprobs:
             self._logprobs[index] = CompletionLogprobs(self._strings)
@@ -158,7 +161,8 @@ class CompletionChunks(ChunkBuilder):
         return self._chunk(index, prompt.text, logprobs, None)
 
     def _usage(self) -> dict:
-        return usage(sum(len(p.ids) for p in self._prompts), sum(self._num_output_tokens.values()))
+        return usage(sum(len(p.ids) for p in self._prompts), sum(self._num_output_tokens.values()),
+                     self._cached.total)
 
     def _chunk(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
         extra = {}

@@ -54,6 +54,31 @@ def test_a_repeated_prompt_is_served_from_the_cache_over_http(http):
     assert 0 < _metric(after, "switchyard_prefix_cache_hit_rate") <= 1
 
 
+def test_openai_usage_reports_the_prompt_tokens_served_from_the_cache(http):
+    prompt = SYSTEM + "How many books may a member borrow?"
+    body = {"model": "default", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    http.post("/v1/completions", json=body)  # fills the cache
+    details = http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"]
+    streamed = _stream_usage(http, "/v1/completions", {**body, "n": 2})
+    chat = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "temperature": 0}
+    http.post("/v1/chat/completions", json=chat)
+    chat_details = http.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens_details"]
+    # every full block of the prompt but the one holding its last token, counted once for n=2
+    assert details["cached_tokens"] >= 48 and details["cached_tokens"] % 16 == 0
+    assert streamed["prompt_tokens_details"]["cached_tokens"] == details["cached_tokens"]
+    assert chat_details["cached_tokens"] >= 48
+    fresh = http.post("/v1/completions", json={**body, "prompt": "Zebras " + prompt}).json()["usage"]
+    assert fresh["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def _stream_usage(http, path: str, body: dict) -> dict:
+    import json
+
+    with http.stream("POST", path, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    return [json.loads(e) for e in events if e != "[DONE]"][-1]["usage"]
+
+
 @pytest.mark.slow
 def test_serve_with_prefix_caching_disabled_keeps_nothing_between_requests():
     from test_serve import _start, _wait_healthy
