@@ -13,8 +13,9 @@ from .distributed import GlooCommunicator, MultiprocessLauncher, init_process_gr
 from .linear import pack_linears, packing_supported
 from .tuning import choose_single_row_products
 
-CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; "
-                      "decodes batched in one call, one call per prompt chunk)")
+CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups "
+                      "of 16, short bf16 ones as one batched matmul; one call per prompt chunk); "
+                      "linear weights packed for oneDNN")
 
 
 def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
