@@ -195,8 +195,8 @@ def make_engine_client(config):
         from switchyard.core.engine import EngineCore
         from switchyard.core.loader import load_tokenizer
 
-        engine = EngineCore(config)
-        return engine, load_tokenizer(config.model)
+        tokenizer = load_tokenizer(config.model)  # one copy: the engine's grammar compiler uses it too
+        return EngineCore(config, tokenizer=tokenizer), tokenizer
 
     return InProcessEngineClient(build)
 

@@ -6,6 +6,7 @@ import json
 import torch
 
 from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error, token_words
+from .schema_support import OUTLINES_UNSUPPORTED, check_schema_support
 from .spec import GrammarSpec
 from .vocabulary import token_byte_map
 
@@ -95,6 +96,7 @@ class OutlinesCompiler(GrammarCompiler):
         import outlines_core
         from outlines_core.json_schema import build_regex_from_schema
 
+        check_schema_support(spec, OUTLINES_UNSUPPORTED, self.name)
         try:
             if spec.kind == "regex":
                 regex = strip_anchors(spec.value)

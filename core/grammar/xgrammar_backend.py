@@ -6,6 +6,7 @@ import json
 import torch
 
 from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error
+from .schema_support import XGRAMMAR_UNSUPPORTED, check_schema_support
 from .spec import GrammarSpec
 
 # Compact JSON: no free whitespace between tokens. Small models given the freedom
@@ -54,6 +55,7 @@ class XGrammarCompiler(GrammarCompiler):
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=num_threads, cache_enabled=False)
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        check_schema_support(spec, XGRAMMAR_UNSUPPORTED, self.name)
         try:
             if spec.kind == "json_schema":
                 compiled = self._compiler.compile_json_schema(spec.value, **_COMPACT)

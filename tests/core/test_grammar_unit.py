@@ -209,3 +209,33 @@ def test_masked_sampler_samples_allowed_tokens_with_seeds_penalties_and_bias():
     assert Sampler()(logits, rows, GrammarMask((0, 1), bitmask)).token_ids == first.token_ids
     raw = torch.log_softmax(logits, -1)
     assert first.logprobs[0] == pytest.approx(raw[0, first.token_ids[0]].item(), abs=1e-5)  # raw distribution
+
+
+# -- keywords a backend would silently ignore are refused ------------------------------------------
+@pytest.mark.parametrize("backend, schema, keyword", [
+    ("xgrammar", {"type": "integer", "not": {"const": 3}}, "not"),
+    ("xgrammar", {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}, "uniqueItems"),
+    ("xgrammar", {"type": "string", "pattern": "[a-z]+", "maxLength": 2}, "maxLength"),
+    ("xgrammar", {"allOf": [{"type": "integer"}, {"minimum": 5}]}, "allOf"),
+    ("xgrammar", {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
+    ("outlines", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}, "minimum"),
+    ("outlines", {"type": "object", "$defs": {"x": {"type": "number", "multipleOf": 2}}}, "multipleOf"),
+])
+def test_keywords_a_backend_would_ignore_are_refused_naming_them(backend, schema, keyword):
+    from switchyard.core.grammar.schema_support import (OUTLINES_UNSUPPORTED, XGRAMMAR_UNSUPPORTED,
+                                                        check_schema_support)
+
+    unsupported = XGRAMMAR_UNSUPPORTED if backend == "xgrammar" else OUTLINES_UNSUPPORTED
+    with pytest.raises(GrammarError, match=f"'{keyword}' .*not supported by the {backend}") as info:
+        check_schema_support(GrammarSpec.json_schema(schema), unsupported, backend)
+    assert info.value.param == "response_format"
+
+
+def test_property_names_that_look_like_keywords_and_supported_uses_pass():
+    from switchyard.core.grammar.schema_support import XGRAMMAR_UNSUPPORTED, check_schema_support
+
+    schema = {"type": "object", "properties": {"not": {"type": "string", "maxLength": 4},
+                                               "if": {"enum": ["not", "uniqueItems"]},
+                                               "ids": {"type": "array", "uniqueItems": False}},
+              "allOf": [{"$ref": "#/$defs/base"}], "$defs": {"base": {"type": "object"}}}
+    check_schema_support(GrammarSpec.json_schema(schema), XGRAMMAR_UNSUPPORTED, "xgrammar")

@@ -71,7 +71,8 @@ def _engine_factory():
 
     config = EngineConfig(model=ModelConfig(), cache=CacheConfig(num_blocks=2048),
                           scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64))
-    return EngineCore(config), load_tokenizer(config.model)
+    tokenizer = load_tokenizer(config.model)
+    return EngineCore(config, tokenizer=tokenizer), tokenizer
 
 
 @pytest.fixture(scope="session")
