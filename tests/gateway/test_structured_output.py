@@ -219,6 +219,9 @@ BAD_SCHEMAS = [
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}, "missing"),
     ({"type": "regex", "value": "(a"}, "invalid regex"),
     ({"type": "regex", "value": "(?<=a)b"}, "ookbehind"),  # valid in Python; the grammar compiler refuses it
+    # valid JSON Schema, but xgrammar would ignore `not`: refused rather than not enforced
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "not": {"const": 3}}}},
+     "keyword 'not' (at #) is not supported"),
 ]
 
 
