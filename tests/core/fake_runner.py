@@ -209,3 +209,11 @@ def reference_generate(request: Request, sampler: Sampler, capacity_tokens: int)
                 return outputs, FinishReason.STOP_TOKEN
         if len(context) >= limit:
             return outputs, FinishReason.LENGTH
+
+
+def assert_matches_reference(runner: FakeRunner, requests: list[Request]) -> None:
+    """Each request's outputs and finish reason equal a generation on its own."""
+    capacity = runner.scheduler.kv_cache_manager.capacity_tokens
+    for request in requests:
+        outputs, reason = reference_generate(request, runner.sampler, capacity)
+        assert (request.output_token_ids, request.finish_reason) == (outputs, reason), request.request_id

@@ -2,7 +2,7 @@
 salts, share groups with caching off, prompt log-probabilities, failed steps."""
 import pytest
 
-from fake_runner import FakeRunner, check_invariants, make_request, make_scheduler, reference_generate
+from fake_runner import FakeRunner, assert_matches_reference, check_invariants, make_request, make_scheduler
 from switchyard.core.kv import BlockPool
 from switchyard.core.kv.block_hash import extend_block_hashes, hash_block, root_hash
 
@@ -11,13 +11,6 @@ PREFIX = list(range(100, 124))  # 24 tokens = 6 blocks of 4
 
 def _first_step(runner, request_id):
     return next(s for o in runner.outputs for s in o.scheduled if s.request_id == request_id)
-
-
-def _assert_matches_reference(runner, requests):
-    capacity = runner.scheduler.kv_cache_manager.capacity_tokens
-    for request in requests:
-        outputs, reason = reference_generate(request, runner.sampler, capacity)
-        assert (request.output_token_ids, request.finish_reason) == (outputs, reason), request.request_id
 
 
 def test_hash_chain_depends_on_the_whole_prefix_and_the_salt():
@@ -63,7 +56,7 @@ def test_a_cached_prefix_is_not_computed_again_and_outputs_match():
     assert first.num_computed_tokens == 24 and first.token_ids == (7, 8)
     assert warm.num_cached_tokens == 24 and runner.num_computed_tokens - computed_cold == 2 + 7
     assert runner.outputs[-8].num_prefix_hit_tokens == 24 and runner.outputs[-8].num_prefix_queried_tokens == 26
-    _assert_matches_reference(runner, [cold, warm])
+    assert_matches_reference(runner, [cold, warm])
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token():
@@ -92,7 +85,7 @@ def test_requests_admitted_in_one_step_share_the_blocks_computed_in_it():
     pool = scheduler.kv_cache_manager.block_pool
     assert all(pool.ref_counts[block_id] == 2 for block_id in step_a.block_ids[:6])
     runner.run_until_done()
-    _assert_matches_reference(runner, [a, b])
+    assert_matches_reference(runner, [a, b])
 
 
 def test_prompt_logprobs_requests_skip_the_lookup_but_feed_the_cache():
@@ -146,7 +139,7 @@ def test_a_share_group_shares_live_blocks_whether_or_not_caching_is_on(enable_pr
     computed = {s.request_id: s.num_computed_tokens for s in runner.outputs[0].scheduled}
     assert computed == {"n0": 0, "n1": 24, "n2": 24, "stranger": 24 if enable_prefix_caching else 0}
     runner.run_until_done()
-    _assert_matches_reference(runner, [*siblings, stranger])
+    assert_matches_reference(runner, [*siblings, stranger])
     pool = scheduler.kv_cache_manager.block_pool
     # off: nothing is kept once the group ends; on: the prompt's blocks stay for later requests
     assert (pool.num_cached_blocks > 0) == enable_prefix_caching

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fake_runner import (FakeRunner, check_invariants, context_sampler, make_request, make_scheduler,
-                         reference_generate, scripted_sampler)
+from fake_runner import (FakeRunner, assert_matches_reference, check_invariants, context_sampler, make_request,
+                         make_scheduler, scripted_sampler)
 from switchyard.core.params import ValidationError
 from switchyard.core.request import FinishReason, RequestStatus
 
@@ -17,13 +17,6 @@ def _assert_no_leak(scheduler):
     pool = scheduler.kv_cache_manager.block_pool
     assert not scheduler.has_unfinished_requests()
     assert pool.num_free_blocks == pool.num_blocks - 1
-
-
-def _assert_matches_reference(runner, requests):
-    capacity = runner.scheduler.kv_cache_manager.capacity_tokens
-    for request in requests:
-        outputs, reason = reference_generate(request, runner.sampler, capacity)
-        assert (request.output_token_ids, request.finish_reason) == (outputs, reason), request.request_id
 
 
 def test_token_budget_is_filled_exactly_and_never_exceeded():
@@ -98,7 +91,7 @@ def test_preemption_resumes_with_identical_outputs():
     for relaxed_request, request in zip(relaxed_requests, requests):
         assert request.output_token_ids == relaxed_request.output_token_ids
         assert request.finish_reason is FinishReason.LENGTH
-    _assert_matches_reference(pressured, requests)
+    assert_matches_reference(pressured, requests)
     _assert_no_leak(pressured.scheduler)
 
 
@@ -127,7 +120,7 @@ def test_preemption_takes_the_last_admitted_and_recomputes_its_outputs(enable_pr
     assert sum(o.num_prefix_hit_tokens for o in runner.outputs) == num_reused
     if enable_prefix_caching:
         assert resumed.block_ids[0] == first_block
-    _assert_matches_reference(runner, [a, b])
+    assert_matches_reference(runner, [a, b])
     _assert_no_leak(scheduler)
 
 
@@ -145,7 +138,7 @@ def test_a_request_that_is_the_last_preempts_itself_and_admits_nobody():
     assert list(scheduler.waiting) == [b, c]  # earlier admission stays in front
     scheduler.update(output, runner.execute(output))
     runner.run_until_done()
-    _assert_matches_reference(runner, [a, b, c])
+    assert_matches_reference(runner, [a, b, c])
 
 
 def test_fcfs_head_of_queue_is_never_overtaken():
@@ -273,7 +266,7 @@ def test_mixed_prefill_decode_false_still_schedules():
         scheduler.add_request(request)
     runner = FakeRunner(scheduler)
     runner.run_until_done()
-    _assert_matches_reference(runner, requests)
+    assert_matches_reference(runner, requests)
 
 
 _add = st.tuples(st.just("add"), st.integers(1, 8), st.integers(1, 24), st.integers(0, 40))
@@ -312,4 +305,4 @@ def test_random_interleavings_never_leak_and_always_finish(num_blocks, block_siz
     _assert_no_leak(scheduler)
     assert all(r.is_finished for r in added)
     assert all(r.finish_reason is FinishReason.ABORT for r in added if r.request_id in aborted)
-    _assert_matches_reference(runner, [r for r in added if r.request_id not in aborted])
+    assert_matches_reference(runner, [r for r in added if r.request_id not in aborted])
