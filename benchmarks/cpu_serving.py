@@ -63,6 +63,7 @@ def transformers_baselines(args) -> dict[str, float]:
             inputs = tokenizer(prompt, return_tensors="pt")
             tokens += model.generate(**inputs, **gen).shape[1] - inputs["input_ids"].shape[1]
         figures["sequential"] = tokens / (time.perf_counter() - start)
+        print(f"  transformers sequential: {figures['sequential']:.1f} tok/s", flush=True)
         prompts = make_prompts(args.batch * args.baseline_batches)
         tokens, start = 0, time.perf_counter()
         for i in range(0, len(prompts), args.batch):
@@ -70,6 +71,7 @@ def transformers_baselines(args) -> dict[str, float]:
             out = model.generate(**inputs, **gen)
             tokens += out.shape[0] * (out.shape[1] - inputs["input_ids"].shape[1])
         figures[f"static batch {args.batch}"] = tokens / (time.perf_counter() - start)
+        print(f"  transformers static batch {args.batch}: {figures[f'static batch {args.batch}']:.1f} tok/s", flush=True)
     return figures
 
 
@@ -104,7 +106,12 @@ def serve_and_load(args, flags: tuple[str, ...], runs) -> list[dict]:
     proc, url = start_server(args, flags)
     try:
         asyncio.run(load(url, 2, 1, 8))  # warm-up
-        return [asyncio.run(load(url, c, rounds, new_tokens, prompts)) for c, rounds, new_tokens, prompts in runs]
+        results = []
+        for c, rounds, new_tokens, prompts in runs:
+            results.append(asyncio.run(load(url, c, rounds, new_tokens, prompts)))
+            print(f"  HTTP{' ' + ' '.join(flags) if flags else ''}, concurrency {c}: "
+                  f"{results[-1]['tok_s']:.1f} tok/s", flush=True)
+        return results
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
