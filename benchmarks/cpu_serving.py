@@ -15,7 +15,9 @@
 
 Ratios are output tokens/s over sequential transformers (aims on the 2-core CI CPU:
 >= 3x at concurrency 1, >= 30x at 32) and cached over uncached TTFT (aim: >= 5x).
-Run it alone: clients, server and baselines share the machine's cores.
+Run it alone: clients, server and baselines share the machine's cores (a second
+torch process on the 2-core machine slows everything several-fold). Alone, a full
+run takes a few minutes there and `--quick` about 20 seconds.
 """
 from __future__ import annotations
 
@@ -101,16 +103,16 @@ def row(name: str, tok_s: float, baseline: float | None, result: dict | None = N
 
 
 def serve_and_load(args, flags: tuple[str, ...], runs) -> list[dict]:
-    """Starts a server with `flags`, warms it up, runs each (concurrency, rounds, new_tokens,
-    prompts) of `runs` in turn, stops it."""
+    """Starts a server with `flags`, warms it up, runs each (label, concurrency, rounds,
+    new_tokens, prompts) of `runs` in turn, stops it."""
     proc, url = start_server(args, flags)
     try:
         asyncio.run(load(url, 2, 1, 8))  # warm-up
         results = []
-        for c, rounds, new_tokens, prompts in runs:
+        for label, c, rounds, new_tokens, prompts in runs:
             results.append(asyncio.run(load(url, c, rounds, new_tokens, prompts)))
-            print(f"  HTTP{' ' + ' '.join(flags) if flags else ''}, concurrency {c}: "
-                  f"{results[-1]['tok_s']:.1f} tok/s", flush=True)
+            print(f"  HTTP{' ' + ' '.join(flags) if flags else ''}, {label}: {results[-1]['tok_s']:.1f} tok/s, "
+                  f"TTFT p50 {percentile(results[-1]['ttft'], .5) * 1e3:.0f} ms", flush=True)
         return results
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -121,8 +123,9 @@ def shared_prefix(args) -> dict[str, dict]:
     system, prompts = shared_prefix_prompts(args)
     results = {}
     for name, flags in (("prefix caching", ()), ("--disable-prefix-caching", ("--disable-prefix-caching",))):
-        _, measured = serve_and_load(args, flags, [(1, 1, 1, [system]),
-                                                      (len(prompts), 1, args.prefix_new_tokens, prompts)])
+        _, measured = serve_and_load(args, flags, [
+            ("the system prompt alone (warm-up)", 1, 1, 1, [system]),
+            (f"{len(prompts)} shared-prefix requests at once", len(prompts), 1, args.prefix_new_tokens, prompts)])
         results[name] = measured
     return results
 
@@ -161,7 +164,7 @@ def main(argv=None) -> None:
           f"{args.new_tokens} new tokens, EOS ignored", flush=True)
     baselines = {} if args.skip_transformers else transformers_baselines(args)
     sequential = baselines.get("sequential")
-    runs = [(c, args.rounds, args.new_tokens, None) for c in args.concurrency]
+    runs = [(f"concurrency {c}", c, args.rounds, args.new_tokens, None) for c in args.concurrency]
     http = dict(zip(args.concurrency, serve_and_load(args, (), runs)))
     prefix = {} if args.skip_prefix else shared_prefix(args)
 
