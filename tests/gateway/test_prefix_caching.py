@@ -38,7 +38,9 @@ def _metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_a_repeated_prompt_is_served_from_the_cache_over_http(http):
+def test_a_repeated_prompt_is_served_from_the_cache_over_http(start_server):
+    # A server of its own: the shared engine reports its steps to the last app created.
+    http = httpx.Client(base_url=start_server().base_url, timeout=60)
     body = {"inputs": SYSTEM + "When does it open on Saturday?",
             "parameters": {"max_new_tokens": 4, "do_sample": False}}
     first = http.post("/generate", json=body)
