@@ -55,3 +55,15 @@ def test_wheel_holds_the_namespaced_packages_and_entry_points(tmp_path):
     code = f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r}); import switchyard.core.params as p; print(p.__file__)"
     out = subprocess.run([sys.executable, "-S", "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip().startswith(str(tmp_path / "site"))
+
+
+def test_test_module_names_are_unique():
+    """tests/ has no packages (rootdir-relative imports), so two test files with one
+    name stop pytest from collecting the whole suite."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    seen: dict[str, str] = {}
+    for folder, _, files in os.walk(tests_dir):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                assert name not in seen, f"{name} is in both {seen[name]} and {folder}"
+                seen[name] = folder
