@@ -96,6 +96,18 @@ class EngineClient(ABC):
     async def add_request(self, request: Request) -> RequestStream:
         """Queue a request; raises ValidationError if the engine rejects it."""
 
+    async def add_requests(self, requests: list[Request]) -> list[RequestStream]:
+        """Queue several requests together (the n sequences of a prompt); all or none."""
+        streams: list[RequestStream] = []
+        try:
+            for request in requests:
+                streams.append(await self.add_request(request))
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        return streams
+
     @abstractmethod
     def abort(self, request_id: str) -> None: ...
 
@@ -177,13 +189,20 @@ class InProcessEngineClient(EngineClient):
 
     # -- requests (any event loop) -------------------------------------------------
     async def add_request(self, request: Request) -> RequestStream:
+        return (await self.add_requests([request]))[0]
+
+    async def add_requests(self, requests: list[Request]) -> list[RequestStream]:
+        """One command for all: the engine adds them before its next step, so the n
+        sequences of a prompt are admitted together and share its blocks; all or none."""
         if not self.ready:
             raise EngineDeadError("the engine is not ready")
-        stream = RequestStream(request, self.abort)
-        accepted: asyncio.Future = stream.loop.create_future()
-        self._commands.put((_ADD, (request, stream), accepted))
+        if not requests:
+            return []
+        streams = [RequestStream(request, self.abort) for request in requests]
+        accepted: asyncio.Future = streams[0].loop.create_future()
+        self._commands.put((_ADD, list(zip(requests, streams)), accepted))
         await accepted
-        return stream
+        return streams
 
     async def compile_grammar(self, spec: GrammarSpec) -> None:
         """Compiles on the engine's grammar workers (never on the step loop or this event
@@ -237,19 +256,24 @@ class InProcessEngineClient(EngineClient):
             if kind == _STOP:
                 return False
             if kind == _ADD:
-                self._add(*payload, future)
+                self._add(payload, future)
             elif kind == _ABORT:
                 self._abort_request(payload)
 
-    def _add(self, request: Request, stream: RequestStream, future: asyncio.Future) -> None:
+    def _add(self, pairs: list[tuple[Request, RequestStream]], future: asyncio.Future) -> None:
+        added: list[str] = []
         try:
-            self.engine.add_request(request)
-            self._processor.add_request(request)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            stream.loop.call_soon_threadsafe(_settle, future, exc)
+            for request, stream in pairs:
+                self.engine.add_request(request)
+                self._streams[request.request_id] = stream
+                added.append(request.request_id)
+                self._processor.add_request(request)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller; all or none
+            for request_id in added:
+                self._abort_request(request_id)
+            future.get_loop().call_soon_threadsafe(_settle, future, exc)
             return
-        self._streams[request.request_id] = stream
-        stream.loop.call_soon_threadsafe(_settle, future, None)
+        future.get_loop().call_soon_threadsafe(_settle, future, None)
 
     def _abort_request(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:

@@ -154,34 +154,33 @@ class GenerationService:
 
     # -- the engine ----------------------------------------------------------------
     async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                     arrival_time: float | None = None, share_group: str | None = None) -> RequestStream:
-        request = Request(request_id or uuid.uuid4().hex, list(prompt_ids), params, share_group=share_group)
-        if arrival_time is not None:
-            request.arrival_time = arrival_time
+                     arrival_time: float | None = None) -> RequestStream:
+        request = Request(request_id or uuid.uuid4().hex, list(prompt_ids), params)
+        return (await self._add([request], arrival_time))[0]
+
+    async def submit_all(self, prompts: list[tuple[list[int], SamplingParams]],
+                         arrival_time: float | None = None) -> list[RequestStream]:
+        """Submit several sequences (prompts x n) in one engine command; all or none. They
+        form one share group, admitted together: the n / best_of sequences of a prompt
+        share its KV blocks even with prefix caching off."""
+        base = uuid.uuid4().hex
+        return await self._add([Request(f"{base}-{i}", list(ids), params, share_group=base)
+                                for i, (ids, params) in enumerate(prompts)], arrival_time)
+
+    async def _add(self, requests: list[Request], arrival_time: float | None) -> list[RequestStream]:
+        for request in requests:
+            if arrival_time is not None:
+                request.arrival_time = arrival_time
         try:
-            stream = await self.client.add_request(request)
+            streams = await self.client.add_requests(requests)
         except ValidationError as exc:
             raise GatewayError(ErrorKind.VALIDATION, str(exc), exc.param) from exc
         except EngineDeadError as exc:
             raise GatewayError(ErrorKind.GENERATION, str(exc)) from exc
-        self.metrics.request_input_length.observe(len(prompt_ids))
-        if params.max_tokens is not None:
-            self.metrics.request_max_new_tokens.observe(params.max_tokens)
-        return stream
-
-    async def submit_all(self, prompts: list[tuple[list[int], SamplingParams]],
-                         arrival_time: float | None = None) -> list[RequestStream]:
-        """Submit several sequences (prompts x n); all or none. They form one share group: the
-        n / best_of sequences of a prompt share its KV blocks even with prefix caching off."""
-        base = uuid.uuid4().hex
-        streams: list[RequestStream] = []
-        try:
-            for i, (ids, params) in enumerate(prompts):
-                streams.append(await self.submit(ids, params, f"{base}-{i}", arrival_time, share_group=base))
-        except BaseException:
-            for stream in streams:
-                stream.abort()
-            raise
+        for request in requests:
+            self.metrics.request_input_length.observe(request.num_prompt_tokens)
+            if request.sampling_params.max_tokens is not None:
+                self.metrics.request_max_new_tokens.observe(request.sampling_params.max_tokens)
         return streams
 
     async def collect(self, stream: RequestStream) -> Completion:

@@ -71,13 +71,13 @@ def test_400_malformed_json_and_bad_fields_name_the_problem(http):
 def test_400_over_long_input_before_touching_the_engine(start_server, monkeypatch):
     small = start_server(max_input_tokens=60, max_total_tokens=64)
     calls = []
-    original = small.client.add_request
+    original = small.client.add_requests
 
-    async def spy(request):
-        calls.append(request.request_id)
-        return await original(request)
+    async def spy(requests):
+        calls.extend(request.request_id for request in requests)
+        return await original(requests)
 
-    monkeypatch.setattr(small.client, "add_request", spy)
+    monkeypatch.setattr(small.client, "add_requests", spy)
     client = _sdk(small.openai_url)
     long_text = "word " * 100
     with pytest.raises(openai.BadRequestError) as too_long:

@@ -102,3 +102,22 @@ def test_serve_with_prefix_caching_disabled_keeps_nothing_between_requests():
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_requests_added_together_are_all_or_none(server):
+    """submit_all's sequences reach the engine in one command: admitted in one step (so
+    siblings share the prompt's blocks), or none of them if one is refused."""
+    import asyncio
+
+    from switchyard.core.params import SamplingParams, ValidationError
+    from switchyard.core.request import Request
+
+    async def add_with_a_bad_one():
+        good = Request("together-good", [1, 2, 3], SamplingParams(max_tokens=2))
+        bad = Request("together-bad", [], SamplingParams(max_tokens=2))  # an empty prompt is refused
+        with pytest.raises(ValidationError):
+            await server.client.add_requests([good, bad])
+
+    asyncio.run(add_with_a_bad_one())
+    assert server.client.engine.scheduler.get_request("together-good") is None
+    assert "together-good" not in server.client._streams

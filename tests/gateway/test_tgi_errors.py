@@ -183,10 +183,10 @@ class _FailingClient:
     def __getattr__(self, name):
         return getattr(self._client, name)
 
-    async def add_request(self, request):
+    async def add_requests(self, requests):
         if self._ok is None:
             raise EngineDeadError("the engine is gone (injected)")
-        return _FailingStream(await self._client.add_request(request), self._ok)
+        return [_FailingStream(stream, self._ok) for stream in await self._client.add_requests(requests)]
 
 
 def test_generation_error(start_server):
