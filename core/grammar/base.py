@@ -33,19 +33,6 @@ def token_words(token_ids, vocab_size: int) -> torch.Tensor:
     return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
 
 
-_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
-
-
-def disallowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, words] int32 -> [rows, vocab_size] bool, True = disallowed, on bitmask's device.
-    One table lookup per byte (little-endian: byte k of word w holds tokens 32w+8k..+7)."""
-    table = _BYTE_BITS.get(bitmask.device)
-    if table is None:
-        bits = [[not (value >> j) & 1 for j in range(8)] for value in range(256)]
-        table = _BYTE_BITS[bitmask.device] = torch.tensor(bits, dtype=torch.bool, device=bitmask.device)
-    return table[bitmask.contiguous().view(torch.uint8).long()].view(bitmask.shape[0], -1)[:, :vocab_size]
-
-
 _BYTE_BIAS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
@@ -63,8 +50,9 @@ def mask_bias(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> tor
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, words] int32 -> [rows, vocab_size] bool, True = allowed."""
-    return ~disallowed_tokens(bitmask, vocab_size)
+    """[rows, words] int32 -> [rows, vocab_size] bool, True = allowed (through the same
+    table the engine masks logits with)."""
+    return mask_bias(bitmask, vocab_size, torch.float32) == 0
 
 
 class GrammarMatcher(ABC):
