@@ -78,6 +78,12 @@ class GatewayError(Exception):
         return SafeJSONResponse(self.tgi_body(), self.tgi_status, self.headers)
 
 
+def invalid(message: str, param: str | None = None, kind: ErrorKind = ErrorKind.VALIDATION) -> GatewayError:
+    """A request the client must fix (400 on OpenAI routes, 422 on TGI's), naming `param`."""
+    return GatewayError(kind, message, param)
+
+
+
 class SafeJSONResponse(JSONResponse):
     """JSONResponse rendered with our encoder (no NaN/inf ever reaches a client)."""
 

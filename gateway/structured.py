@@ -17,16 +17,12 @@ from jsonschema.exceptions import SchemaError
 
 from switchyard.core.grammar import GrammarError, GrammarSpec
 
-from .errors import ErrorKind, GatewayError
+from .errors import invalid
 from .settings import ServerSettings
 
 # characters with a meaning in a regex; everything else stands for itself (re.escape
 # also escapes spaces and other characters that some regex engines reject escaped)
 _REGEX_SPECIAL = frozenset("\\.^$*+?()[]{}|/")
-
-
-def invalid(message: str, param: str | None) -> GatewayError:
-    return GatewayError(ErrorKind.VALIDATION, message, param)
 
 
 def check_enabled(settings: ServerSettings, param: str) -> None:
@@ -97,10 +93,8 @@ def tgi_grammar_spec(kind: str, value, param: str) -> GrammarSpec:
 async def compiled(client, spec: GrammarSpec, param: str) -> GrammarSpec:
     """Compile `spec` before the request is submitted, so that a grammar the engine
     cannot honour is a synchronous 4xx naming `param` rather than a failed stream."""
-    compile_grammar = getattr(client, "compile_grammar", None)
-    if compile_grammar is not None:
-        try:
-            await compile_grammar(spec)
-        except GrammarError as exc:
-            raise invalid(str(exc), param) from exc
+    try:
+        await client.compile_grammar(spec)
+    except GrammarError as exc:
+        raise invalid(str(exc), param) from exc
     return spec

@@ -8,13 +8,13 @@ from fastapi import Request
 
 from switchyard.core.request import RequestOutput
 
-from ..errors import SafeJSONResponse
+from ..errors import SafeJSONResponse, invalid
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
 from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
                      resolve_model, usage)
 from .logprobs import CompletionLogprobs, merge_fragments
-from .params import EnginePlan, check_token_ids, completion_plan, invalid
+from .params import EnginePlan, check_token_ids, completion_plan
 from .schemas import CompletionRequest
 
 

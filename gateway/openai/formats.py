@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from switchyard.core.grammar import GrammarSpec
 
 from ..settings import ServerSettings
-from ..structured import check_enabled, choice_spec, invalid, regex_spec, schema_spec, tgi_grammar_spec
+from ..errors import invalid
+from ..structured import check_enabled, choice_spec, regex_spec, schema_spec, tgi_grammar_spec
 from .schemas import ResponseFormat, SamplingFields
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .params import invalid
+from ..errors import invalid
 from .schemas import ChatCompletionRequest, ChatMessage, ContentPart
 from .tool_prompt import ToolRendering
 from .tools import ToolPlan

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from switchyard.core.params import SamplingParams, ValidationError
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, invalid
 from ..settings import ServerSettings
 from .formats import output_grammar
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -46,10 +46,6 @@ class EnginePlan:
         if base.seed is None:
             return [base] * self.num_sequences
         return [replace(base, seed=base.seed + i) for i in range(self.num_sequences)]
-
-
-def invalid(message: str, param: str | None, kind: ErrorKind = ErrorKind.VALIDATION) -> GatewayError:
-    return GatewayError(kind, message, param)
 
 
 # -- chat ---------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from switchyard.core.grammar import GrammarSpec
 
-from ..structured import check_enabled, checked_schema, invalid
+from ..errors import invalid
+from ..structured import check_enabled, checked_schema
 from ..settings import ServerSettings
 from .schemas import ChatCompletionRequest
 

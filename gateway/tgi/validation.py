@@ -13,15 +13,11 @@ from dataclasses import dataclass
 from switchyard.core.grammar import GrammarSpec
 from switchyard.core.params import SamplingParams, ValidationError
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import invalid
 from ..service import GenerationService
 from ..settings import ServerSettings
 from ..structured import check_enabled, tgi_grammar_spec
 from .schemas import GenerateParameters
-
-
-def invalid(message: str, param: str | None = None) -> GatewayError:
-    return GatewayError(ErrorKind.VALIDATION, message, param)
 
 
 @dataclass(frozen=True)
