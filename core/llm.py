@@ -46,7 +46,8 @@ class LLM:
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
                  load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True, grammar: GrammarConfig | None = None):
+                 max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
+                 grammar: GrammarConfig | None = None):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
                               max_model_len=max_model_len),
