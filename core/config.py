@@ -18,6 +18,9 @@ class ModelConfig:
     # GGUF files are converted once into a Hugging Face directory kept here;
     # None = $XDG_CACHE_HOME/switchyard (~/.cache/switchyard); "" = convert in memory at every load.
     cache_dir: str | None = None
+    # A chat template (a Jinja file's path, or the template text) that replaces the
+    # tokenizer's own; None = the tokenizer's (a base model may have none).
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)

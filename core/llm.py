@@ -4,12 +4,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
+from .chat_template import render_chat
 from .config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from .engine import EngineCore
 from .loader import load_tokenizer
 from .output_processor import OutputProcessor
 from .params import SamplingParams, ValidationError
-from .request import FinishReason, Request
+from .request import FinishReason, Request, sequence_seed
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: tuple[int, ...]
-    finish_reason: str  # "stop" | "length" (OpenAI's words)
+    finish_reason: FinishReason  # the engine's own word (a str enum: "eos", "length", "grammar", ...)
     stop_reason: str | int | None  # the stop string or stop token id that ended it, if any
 
 
@@ -36,7 +37,7 @@ class GenerationResult:
         return self.outputs[0].token_ids
 
     @property
-    def finish_reason(self) -> str:
+    def finish_reason(self) -> FinishReason:
         return self.outputs[0].finish_reason
 
 
@@ -47,10 +48,11 @@ class LLM:
                  load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
-                 grammar: GrammarConfig | None = None):
+                 grammar: GrammarConfig | None = None, chat_template: str | None = None):
+        """`chat_template`: a Jinja file's path or template text, for a model without one."""
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
-                              max_model_len=max_model_len),
+                              max_model_len=max_model_len, chat_template=chat_template),
             cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks,
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
@@ -71,8 +73,7 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | list[SamplingParams] | None = None,
              add_generation_prompt: bool = True) -> list[GenerationResult]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False)
-                 for c in conversations]
+        texts = [render_chat(self.tokenizer, c, add_generation_prompt) for c in conversations]
         token_lists = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return self._run(texts, token_lists, params)
 
@@ -88,7 +89,7 @@ class LLM:
                 if not ids:
                     raise ValidationError("prompt must not be empty", "prompt")
                 for j in range(p.n):
-                    child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
+                    child = replace(p, n=1, seed=None if p.seed is None else sequence_seed(p.seed, j))
                     # the n samples of a prompt share its KV blocks, even with prefix caching off
                     request = Request(f"offline-{next(self._ids)}", ids, child, share_group=f"offline-prompt-{i}")
                     self.engine.add_request(request)
@@ -122,5 +123,5 @@ class LLM:
             if reason is FinishReason.STOP_TOKEN:
                 stop_reason = entry["ids"][-1]
             outputs[i][j] = CompletionOutput(j, "".join(entry["text"]), tuple(entry["ids"]),
-                                             reason.openai, stop_reason)
+                                             reason, stop_reason)
         return [GenerationResult(texts[i], tuple(token_lists[i]), tuple(outs)) for i, outs in enumerate(outputs)]

@@ -15,17 +15,35 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(enum.Enum):
+class FinishReason(str, enum.Enum):
+    """How a sequence ended, in the engine's own words; each dialect's renderer maps
+    it to its wire word (OpenAI: stop/length/..., TGI: eos_token/length/stop_sequence)."""
+
     LENGTH = "length"  # max_tokens or the context length
-    EOS = "eos_token"
+    EOS = "eos"
     STOP_TOKEN = "stop_token"  # one of stop_token_ids
-    STOP_STRING = "stop_sequence"
+    STOP_STRING = "stop_string"
     ABORT = "abort"
     GRAMMAR = "grammar"  # the constraining grammar is complete: nothing more may follow
 
-    @property
-    def openai(self) -> str:
-        return "length" if self is FinishReason.LENGTH else "stop"
+    def __str__(self) -> str:
+        return self.value
+
+
+_SEED_MASK = (1 << 63) - 1
+
+
+def sequence_seed(seed: int, index: int) -> int:
+    """The seed of the `index`-th of the n sequences a seeded request asks for. The
+    first keeps the request's seed (n=1 is unchanged); the others are mixed
+    (splitmix64 of seed and index), so that seed 1 with n=3 shares no sequence seed
+    with seed 2 (seed + i did)."""
+    if index == 0:
+        return seed
+    z = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _SEED_MASK
 
 
 @dataclass

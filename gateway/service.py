@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
+from switchyard.core.chat_template import ChatTemplateError, render_chat
 from switchyard.core.client import EngineClient, EngineDeadError, RequestStream
 from switchyard.core.params import SamplingParams, ValidationError
 from switchyard.core.request import FinishReason, Request, RequestOutput
@@ -128,12 +129,12 @@ class GenerationService:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
-        """The chat template applied to `messages` (a TEMPLATE error if it fails)."""
+        """The chat template applied to `messages`: a TEMPLATE error if the model has none
+        (a base model without --chat-template) or if it fails."""
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tokenize=False, **template_kwargs)
-        except Exception as exc:  # noqa: BLE001 - jinja raises many kinds; all are the request's fault
-            raise GatewayError(ErrorKind.TEMPLATE, f"the chat template failed: {exc}", "messages") from exc
+            return render_chat(self.tokenizer, messages, add_generation_prompt, **template_kwargs)
+        except ChatTemplateError as exc:
+            raise GatewayError(ErrorKind.TEMPLATE, str(exc), exc.param) from exc
 
     def check_lengths(self, num_prompt_tokens: int, max_new_tokens: int | None, param: str = "prompt") -> int:
         """TGI's length rules; returns max_new_tokens (filled in when None)."""

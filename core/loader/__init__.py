@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..backend import AttentionSpec, Backend
+from ..chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..models import model_class
 from .dummy import fill_dummy_weights
@@ -68,7 +69,14 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> 
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
-    """The transformers tokenizer that goes with `load_model(model_config, ...)`."""
+    """The transformers tokenizer that goes with `load_model(model_config, ...)`, with
+    `model_config.chat_template` installed when given."""
+    tokenizer = _load_tokenizer(model_config)
+    apply_chat_template(tokenizer, model_config.chat_template)
+    return tokenizer
+
+
+def _load_tokenizer(model_config: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
     source = resolve_source(model_config)

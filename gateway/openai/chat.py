@@ -12,8 +12,8 @@ from switchyard.core.request import RequestOutput
 from ..errors import SafeJSONResponse
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
-from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
-                     resolve_model, usage)
+from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release,
+                     openai_finish_reason, openai_stream, resolve_model, usage)
 from .logprobs import chat_logprob_entries
 from .messages import chat_prompt_ids
 from .params import EnginePlan, chat_plan
@@ -57,7 +57,7 @@ def _choice(index: int, completion, strings: TokenStrings, plan: EnginePlan) -> 
         logprobs = {"content": chat_logprob_entries(strings, completion.token_ids, completion.logprobs or (),
                                                     completion.top_logprobs),
                     "refusal": None}
-    message, finish_reason = assistant_message(completion.text, completion.finish_reason.openai, plan.tools)
+    message, finish_reason = assistant_message(completion.text, openai_finish_reason(completion.finish_reason), plan.tools)
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -90,7 +90,7 @@ class ChatChunks(ChunkBuilder):
         deltas = choice.feed(out.new_text, self._logprob_entries(out))
         finish_reason = None
         if out.finished:
-            last, finish_reason = choice.finish(out.finish_reason.openai)
+            last, finish_reason = choice.finish(openai_finish_reason(out.finish_reason))
             deltas += last
         chunks += [self._chunk(index, delta, _logprobs(entries)) for delta, entries in deltas]
         if out.finished:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from switchyard.core.client import RequestStream
-from switchyard.core.request import RequestOutput
+from switchyard.core.request import FinishReason, RequestOutput
 
 from ..errors import ErrorKind, GatewayError
 from ..settings import ServerSettings
@@ -58,6 +58,13 @@ class ResponseMeta:
     def body(self, choices: list[dict], **extra) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "system_fingerprint": self.system_fingerprint, "choices": choices, **extra}
+
+
+def openai_finish_reason(reason: FinishReason | None) -> str:
+    """OpenAI's word for how a sequence ended (tool calls are relabelled by tool_output.py):
+    `length` when cut off, `stop` for every natural end (EOS, a stop token or string, a
+    complete grammar) and for an abort."""
+    return "length" if reason is FinishReason.LENGTH else "stop"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

@@ -11,8 +11,8 @@ from switchyard.core.request import RequestOutput
 from ..errors import SafeJSONResponse, invalid
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
-from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release, openai_stream,
-                     resolve_model, usage)
+from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release,
+                     openai_finish_reason, openai_stream, resolve_model, usage)
 from .logprobs import CompletionLogprobs, merge_fragments
 from .params import EnginePlan, check_token_ids, completion_plan
 from .schemas import CompletionRequest
@@ -110,7 +110,7 @@ def _choice(index: int, req: CompletionRequest, plan: EnginePlan, prompt: Prompt
             fragments.append(builder.generated(completion.token_ids, completion.logprobs or (),
                                                completion.top_logprobs))
         logprobs = merge_fragments(fragments)
-    finish_reason = "length" if discard else completion.finish_reason.openai
+    finish_reason = "length" if discard else openai_finish_reason(completion.finish_reason)
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -146,7 +146,7 @@ class CompletionChunks(ChunkBuilder):
             logprobs = None
             if self._want_logprobs:
                 logprobs = self._logprobs[index].generated(out.new_token_ids, out.logprobs or (), out.top_logprobs)
-            finish_reason = out.finish_reason.openai if out.finished else None
+            finish_reason = openai_finish_reason(out.finish_reason) if out.finished else None
             chunks.append(self._chunk(index, out.new_text, logprobs, finish_reason))
         return chunks
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from switchyard.core.params import SamplingParams, ValidationError
+from switchyard.core.request import sequence_seed
 
 from ..errors import ErrorKind, invalid
 from ..settings import ServerSettings
@@ -18,7 +19,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .tools import ToolPlan, tool_plan
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
-_MAX_SEED = 2**63 - 1024  # room for seed + i of the n sequences
+_MAX_SEED = 2**63 - 1  # torch's generators take any seed in [-2**63, 2**64)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class EnginePlan:
 
     def sequence_params(self, service, num_prompt_tokens: int, param: str) -> list[SamplingParams]:
         """The params of each sequence for a prompt of this length (lengths checked;
-        seed + i per sequence so that samples differ)."""
+        each sequence its own seed, none shared with a neighbouring request seed's)."""
         if self.max_tokens is None and self.default_max_tokens is not None:
             room = service.check_lengths(num_prompt_tokens, None, param)
             max_tokens = min(self.default_max_tokens, room)
@@ -45,7 +46,7 @@ class EnginePlan:
         base = replace(self.params, max_tokens=max_tokens)
         if base.seed is None:
             return [base] * self.num_sequences
-        return [replace(base, seed=base.seed + i) for i in range(self.num_sequences)]
+        return [replace(base, seed=sequence_seed(base.seed, i)) for i in range(self.num_sequences)]
 
 
 # -- chat ---------------------------------------------------------------------------------------

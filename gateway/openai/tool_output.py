@@ -25,7 +25,8 @@ def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> 
     """The whole message of a choice, and its finish_reason."""
     calls = _calls(tools, text) if tools is not None and tools.calls else None
     if not calls:
-        return {"role": "assistant", "content": text, "refusal": None}, finish_reason
+        content = None if _cut_off_call(tools, finish_reason) else text
+        return {"role": "assistant", "content": content, "refusal": None}, finish_reason
     message: dict = {"role": "assistant", "content": None, "refusal": None}
     if tools.legacy:
         message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
@@ -36,9 +37,16 @@ def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> 
 
 
 def _calls(tools: ToolPlan, text: str) -> list[ParsedCall] | None:
+    """The calls `text` holds; for `required`, whose grammar allows nothing but calls, an
+    output cut off before its first call's name holds none and is no text either."""
     if tools.mode == "required":  # the grammar's shape, read as the stream reads it (even if cut short)
         return [ParsedCall(name, arguments) for name, arguments in scanned_calls(text)] or None
     return parse_calls(tools, text)
+
+
+def _cut_off_call(tools: ToolPlan | None, finish_reason: str) -> bool:
+    """A `required` output cut short before a whole call name: a JSON fragment, not an answer."""
+    return tools is not None and tools.mode == "required" and finish_reason == "length"
 
 
 def _calls_finish_reason(tools: ToolPlan, finish_reason: str) -> str:
@@ -86,7 +94,7 @@ class ChoiceDeltas:
         if self._mode == "arguments":
             return self._start_named_call(), _calls_finish_reason(self._tools, finish_reason)
         text, logprobs = self._release()
-        if self._mode == "scanned" and self._num_sent_calls:
+        if self._mode == "scanned" and (self._num_sent_calls or _cut_off_call(self._tools, finish_reason)):
             return [], _calls_finish_reason(self._tools, finish_reason)
         calls = parse_calls(self._tools, text) if self._mode == "held" else None
         if not calls:

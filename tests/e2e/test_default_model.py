@@ -58,7 +58,7 @@ def test_chat_knows_the_capital_of_france(llm):
     result = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                       SamplingParams(temperature=0.0, max_tokens=40))[0]
     assert "Paris" in result.text
-    assert result.finish_reason == "stop"  # ended on <|im_end|>, not the length limit
+    assert result.finish_reason == "eos"  # ended on <|im_end|>, not the length limit
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(llm):
@@ -77,11 +77,11 @@ def test_stop_strings_and_stop_ids_and_max_tokens(llm):
     assert free.finish_reason == "length" and len(free.token_ids) == 20
     stop = free.text.strip().split(",")[1].strip()  # a number the model is about to write
     stopped = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0.0, max_tokens=20, stop=[stop]))[0]
-    assert stopped.finish_reason == "stop" and stop not in stopped.text
+    assert stopped.finish_reason == "stop_string" and stop not in stopped.text
     assert free.text.startswith(stopped.text)
     stop_id = free.token_ids[3]
     by_id = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop_id]))[0]
-    assert by_id.finish_reason == "stop" and by_id.token_ids[-1] == stop_id
+    assert by_id.finish_reason == "stop_token" and by_id.token_ids[-1] == stop_id
     assert by_id.outputs[0].stop_reason == stop_id
 
 

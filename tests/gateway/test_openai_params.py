@@ -66,7 +66,11 @@ def test_n_sequences_get_distinct_seeds():
             return 100 if max_new_tokens is None else max_new_tokens
 
     params = _chat(n=3, seed=10).sequence_params(Service, 5, "messages")
-    assert [p.seed for p in params] == [10, 11, 12] and all(p.n == 1 for p in params)
+    seeds = [p.seed for p in params]
+    assert seeds[0] == 10 and len(set(seeds)) == 3 and all(p.n == 1 for p in params)
+    # a neighbouring request seed shares none of them (seed + i did: 10 with n=3 reused 11's)
+    neighbours = {p.seed for s in (9, 11, 12) for p in _chat(n=3, seed=s).sequence_params(Service, 5, "m")}
+    assert not neighbours & set(seeds)
     assert [p.seed for p in _chat(n=2).sequence_params(Service, 5, "messages")] == [None, None]
     assert _completion().sequence_params(Service, 5, "prompt")[0].max_tokens == 16  # OpenAI's default
 
