@@ -57,6 +57,8 @@ _SERVE_FLAGS = [
     ("--cuda-graphs", ("CUDA_GRAPHS",), str, None,
      "comma-separated decode batch sizes to capture as CUDA graphs; 0 = none (default: the backend's buckets)"),
     ("--served-model-name", ("SERVED_MODEL_NAME",), str, None, "name reported in /info and /v1/models"),
+    ("--chat-template", ("CHAT_TEMPLATE",), str, None,
+     "Jinja chat template file for chat routes (a base model has none; replaces the tokenizer's)"),
     ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
      "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
 ]
@@ -108,7 +110,8 @@ def engine_config(args: argparse.Namespace):
     return EngineConfig(
         graph_batch_sizes=_graph_sizes(args.cuda_graphs),
         model=ModelConfig(model=args.model, dtype=args.dtype, load_format=args.load_format, revision=args.revision,
-                          max_model_len=args.max_model_len or args.max_total_tokens),
+                          max_model_len=args.max_model_len or args.max_total_tokens,
+                          chat_template=args.chat_template),
         cache=cache,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
                                   max_num_seqs=args.max_batch_size, waiting_served_ratio=args.waiting_served_ratio,

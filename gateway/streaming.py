@@ -45,6 +45,11 @@ def sse_data(payload: dict | str, dialect: str = "openai") -> str:
     return f"data: {data}\n\n" if dialect == "openai" else f"data:{data}\n\n"
 
 
+def sse_event(name: str, payload: dict) -> str:
+    """One named SSE event (`event: <name>` then `data: {...}`), as the Responses API sends."""
+    return f"event: {name}\ndata: {json_dumps(payload)}\n\n"
+
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

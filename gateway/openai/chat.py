@@ -5,15 +5,19 @@ stream deltas; a grammar (response_format, tools) is compiled before anything is
 submitted, so that one the engine cannot honour is a 400 naming its field."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastapi import Request
 
+from switchyard.core.client import RequestStream
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..pipeline import Pipeline, off_loop
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
-from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release,
-                     openai_finish_reason, openai_stream, resolve_model, usage)
+from .common import (CachedTokens, ChunkBuilder, OpenAIChunkEvents, ResponseMeta, openai_finish_reason,
+                     resolve_model, usage)
 from .logprobs import chat_logprob_entries
 from .messages import chat_prompt_ids
 from .params import EnginePlan, chat_plan
@@ -21,32 +25,45 @@ from .schemas import ChatCompletionRequest
 from .tool_output import ChoiceDeltas, assistant_message
 
 
+@dataclass(frozen=True)
+class SubmittedChat:
+    """A chat request on its way: the model name to report, the plan, the prompt, the streams."""
+
+    model: str
+    plan: EnginePlan
+    prompt_ids: list[int]
+    streams: list[RequestStream]
+
+
+async def submit_chat(service, req: ChatCompletionRequest) -> SubmittedChat:
+    """Parse (one plan, SamplingParams built once), render and tokenize off the event
+    loop, check the lengths, pre-compile the grammar, submit every sequence."""
+    model = resolve_model(req.model, service.settings)
+    plan = chat_plan(req, service.settings, len(service.tokenizer))
+    prompt_ids = await off_loop(chat_prompt_ids, service, req, plan.tools)
+    params = plan.sequence_params(service, len(prompt_ids), "messages")
+    if plan.params.grammar is not None:
+        await compiled(service.client, plan.params.grammar, plan.grammar_param)
+    streams = await service.submit_all([(prompt_ids, p) for p in params])
+    return SubmittedChat(model, plan, prompt_ids, streams)
+
+
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request):
     service = http_request.app.state.service
-
-    async def prepare():
-        model = resolve_model(req.model, service.settings)
-        plan = chat_plan(req, service.settings, len(service.tokenizer))
-        prompt_ids = chat_prompt_ids(service, req, plan.tools)
-        params = plan.sequence_params(service, len(prompt_ids), "messages")
-        if plan.params.grammar is not None:
-            await compiled(service.client, plan.params.grammar, plan.grammar_param)
-        streams = await service.submit_all([(prompt_ids, p) for p in params])
-        return model, plan, prompt_ids, streams
-
-    admission, (model, plan, prompt_ids, streams) = await admitted(service, prepare)
-    meta = ResponseMeta.new("chatcmpl", "chat.completion", model, service)
+    pipeline = Pipeline(service)
+    admission, chat = await pipeline.start(lambda: submit_chat(service, req))
+    meta = ResponseMeta.new("chatcmpl", "chat.completion", chat.model, service)
     strings = token_strings(service.tokenizer)
     if req.stream:
         options = req.stream_options
-        chunks = ChatChunks(meta, strings, plan, len(prompt_ids),
+        chunks = ChatChunks(meta, strings, chat.plan, len(chat.prompt_ids),
                             include_usage=bool(options and options.include_usage),
                             continuous_usage=bool(options and options.continuous_usage_stats))
-        return openai_stream(service, admission, streams, chunks, meta.id)
-    completions = await collect_and_release(service, admission, streams, http_request)
-    choices = [_choice(i, c, strings, plan) for i, c in enumerate(completions)]
+        return pipeline.stream(admission, chat.streams, OpenAIChunkEvents(chunks), {"x-request-id": meta.id})
+    completions = await pipeline.collect(admission, chat.streams, http_request)
+    choices = [_choice(i, c, strings, chat.plan) for i, c in enumerate(completions)]
     extra = {"service_tier": "default"} if req.service_tier is not None else {}
-    body = meta.body(choices, usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in completions),
+    body = meta.body(choices, usage=usage(len(chat.prompt_ids), sum(len(c.token_ids) for c in completions),
                                           completions[0].num_cached_tokens), **extra)
     return SafeJSONResponse(body, headers={"x-request-id": meta.id})
 

@@ -1,24 +1,17 @@
-"""What the chat and completions routes share: model names, response metadata,
-usage, and the life of one request (admission, disconnects, SSE with errors)."""
+"""What the OpenAI routes share: model names, response metadata, finish reasons,
+usage, and the chunk stream of chat and completions (on gateway/pipeline.py)."""
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from fastapi import Request
-
-from switchyard.core.client import RequestStream
 from switchyard.core.request import FinishReason, RequestOutput
 
 from ..errors import ErrorKind, GatewayError
+from ..pipeline import StreamRenderer
 from ..settings import ServerSettings
-from ..service import until_disconnected
-from ..streaming import sse_data, sse_response
-
-logger = logging.getLogger("switchyard.gateway.openai")
+from ..streaming import sse_data
 
 # `model` values that mean "whatever is served" (huggingface_hub sends "dummy" to a
 # URL; TGI's clients send "tgi"); any other name must be one that is served.
@@ -91,37 +84,8 @@ class CachedTokens:
         return sum(self._by_prompt.values())
 
 
-async def admitted(service, prepare: Callable[[], Awaitable]):
-    """Take a concurrency slot (429 past the limit), then run `prepare` (validation,
-    tokenization, submission); the slot is released if that fails."""
-    admission = service.admit()
-    try:
-        return admission, await prepare()
-    except BaseException as exc:
-        admission.release(exc)
-        raise
-
-
-async def collect_and_release(service, admission, streams: list[RequestStream], http_request: Request):
-    """A non-streamed answer's completions; the admission slot is released either way."""
-    try:
-        completions = await collect_unless_disconnected(service, streams, http_request)
-    except BaseException as exc:
-        admission.release(exc)
-        raise
-    admission.release()
-    return completions
-
-
-async def collect_unless_disconnected(service, streams: list[RequestStream], http_request: Request):
-    """Completions of all streams; if the client goes away first, the streams are
-    aborted (their KV blocks freed) and INCOMPLETE is raised."""
-    return await until_disconnected(service.collect_all(streams), http_request, streams,
-                                    GatewayError(ErrorKind.INCOMPLETE, "the client disconnected"))
-
-
 class ChunkBuilder:
-    """Turns engine outputs into the payloads of a stream's events."""
+    """Turns engine outputs into the payloads of a stream's chunks (chat, completions)."""
 
     def on_output(self, index: int, out: RequestOutput) -> list[dict]:
         raise NotImplementedError
@@ -131,35 +95,21 @@ class ChunkBuilder:
         return []
 
 
-def openai_stream(service, admission, streams: list[RequestStream], chunks: ChunkBuilder, request_id: str):
-    """The SSE response of a stream: chunks, then `[DONE]`; an error mid-stream is sent
-    as one `{"error": {...}}` event. A disconnect aborts the streams and frees the slot."""
+class OpenAIChunkEvents(StreamRenderer):
+    """OpenAI's chunk stream: `data: {...}` per payload, an error as one
+    `{"error": {...}}` event, then `data: [DONE]`."""
 
-    def close() -> None:
-        for stream in streams:
-            stream.abort()
-        admission.release(GatewayError(ErrorKind.INCOMPLETE, "the client disconnected"))
+    def __init__(self, chunks: ChunkBuilder):
+        self._chunks = chunks
 
-    return sse_response(_events(service, admission, streams, chunks), {"x-request-id": request_id}, close)
+    def on_output(self, index: int, out: RequestOutput) -> list[str]:
+        return [sse_data(payload) for payload in self._chunks.on_output(index, out)]
 
+    def tail(self) -> list[str]:
+        return [sse_data(payload) for payload in self._chunks.tail()]
 
-async def _events(service, admission, streams, chunks: ChunkBuilder) -> AsyncIterator[str]:
-    outputs = service.merged(streams)
-    try:
-        async for index, out in outputs:
-            for payload in chunks.on_output(index, out):
-                yield sse_data(payload)
-        for payload in chunks.tail():
-            yield sse_data(payload)
-    except Exception as exc:  # noqa: BLE001 - reported to the client in the stream, then logged
-        error = exc if isinstance(exc, GatewayError) else GatewayError(
-            ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}")
-        if not isinstance(exc, GatewayError):
-            logger.exception("stream failed")
-        admission.release(error)
-        yield sse_data({"error": {**error.openai_body()["error"], "http_status_code": error.openai_status}})
-    else:
-        admission.release()
-    finally:
-        await outputs.aclose()
-    yield sse_data("[DONE]")
+    def on_error(self, error: GatewayError) -> list[str]:
+        return [sse_data({"error": {**error.openai_body()["error"], "http_status_code": error.openai_status}})]
+
+    def end(self) -> list[str]:
+        return [sse_data("[DONE]")]

@@ -9,10 +9,11 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse, invalid
+from ..pipeline import Pipeline, off_loop
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
-from .common import (CachedTokens, ChunkBuilder, ResponseMeta, admitted, collect_and_release,
-                     openai_finish_reason, openai_stream, resolve_model, usage)
+from .common import (CachedTokens, ChunkBuilder, OpenAIChunkEvents, ResponseMeta, openai_finish_reason,
+                     resolve_model, usage)
 from .logprobs import CompletionLogprobs, merge_fragments
 from .params import EnginePlan, check_token_ids, completion_plan
 from .schemas import CompletionRequest
@@ -26,11 +27,12 @@ class Prompt:
 
 async def create_completion(req: CompletionRequest, http_request: Request):
     service = http_request.app.state.service
+    pipeline = Pipeline(service)
 
     async def prepare():
         model = resolve_model(req.model, service.settings)
         plan = completion_plan(req, service.settings, len(service.tokenizer))
-        prompts = _prompts(req, service)
+        prompts = await off_loop(_prompts, req, service)
         if plan.params.grammar is not None:
             await compiled(service.client, plan.params.grammar, plan.grammar_param)
         sequences = []
@@ -39,7 +41,7 @@ async def create_completion(req: CompletionRequest, http_request: Request):
             sequences += [(prompt.ids, p) for p in plan.sequence_params(service, len(prompt.ids), param)]
         return model, plan, prompts, await service.submit_all(sequences)
 
-    admission, (model, plan, prompts, streams) = await admitted(service, prepare)
+    admission, (model, plan, prompts, streams) = await pipeline.start(prepare)
     meta = ResponseMeta.new("cmpl", "text_completion", model, service)
     strings = token_strings(service.tokenizer)
     if req.stream:
@@ -47,8 +49,8 @@ async def create_completion(req: CompletionRequest, http_request: Request):
         chunks = CompletionChunks(meta, strings, plan, req, prompts,
                                   include_usage=bool(options and options.include_usage),
                                   continuous_usage=bool(options and options.continuous_usage_stats))
-        return openai_stream(service, admission, streams, chunks, meta.id)
-    completions = await collect_and_release(service, admission, streams, http_request)
+        return pipeline.stream(admission, streams, OpenAIChunkEvents(chunks), {"x-request-id": meta.id})
+    completions = await pipeline.collect(admission, streams, http_request)
     body = meta.body(_choices(req, plan, prompts, completions, strings),
                      usage=usage(sum(len(p.ids) for p in prompts),
                                  0 if plan.discard_output else sum(len(c.token_ids) for c in completions),

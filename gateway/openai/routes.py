@@ -1,4 +1,5 @@
-"""Routes of the OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/models.
+"""Routes of the OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/models.
 
 All of them take the API key (the OpenAI SDK always sends it). Errors are rendered
 by the app in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
@@ -13,6 +14,8 @@ from ..errors import ErrorKind, GatewayError
 from .chat import create_chat_completion
 from .common import served_model_names
 from .completions import create_completion
+from .responses import create_response, not_stored
+from .responses_request import ResponsesRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -27,6 +30,26 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request):
 @router.post("/completions")
 async def completions(req: CompletionRequest, http_request: Request):
     return await create_completion(req, http_request)
+
+
+@router.post("/responses")
+async def responses(req: ResponsesRequest, http_request: Request):
+    return await create_response(req, http_request)
+
+
+@router.get("/responses/{response_id}")
+async def retrieve_response(response_id: str):
+    raise not_stored(response_id)
+
+
+@router.post("/responses/{response_id}/cancel")
+async def cancel_response(response_id: str):
+    raise not_stored(response_id)
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str):
+    raise not_stored(response_id)
 
 
 @router.get("/models")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from switchyard.core.params import SamplingParams
 from switchyard.core.request import Request
+from switchyard.gateway.openai.common import openai_finish_reason
 
 MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -36,7 +37,7 @@ def generate(server, prompt_ids: list[int], **params) -> Generated:
             pieces.append(out.new_text)
             ids.extend(out.new_token_ids)
             reason = out.finish_reason
-        return Generated(list(prompt_ids), "".join(pieces), ids, reason.openai)
+        return Generated(list(prompt_ids), "".join(pieces), ids, openai_finish_reason(reason))
 
     return asyncio.run(run())
 
