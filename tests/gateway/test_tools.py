@@ -143,6 +143,18 @@ def test_stream_deltas_of_required_calls_come_as_they_are_generated():
     assert _stream(plan, ["No", " call"]) == ([{"content": "No call"}], "stop")  # no grammar applied
 
 
+def test_a_required_call_cut_off_before_its_name_is_no_content():
+    """Cut by the length limit inside `{"name": "get_w`: neither a call nor an answer,
+    so the fragment is not returned as content, whole or streamed."""
+    plan = _plan(tools=[WEATHER, TIME], tool_choice="required")
+    fragment = '[{"name": "get_w'
+    message, reason = assistant_message(fragment, "length", plan)
+    assert message["content"] is None and "tool_calls" not in message and reason == "length"
+    assert _stream(plan, ['[{"na', 'me": "get_w'], finish="length") == ([], "length")
+    cut_in_arguments, reason = assistant_message('[{"name": "get_time", "arguments": {"tz": "U', "length", plan)
+    assert cut_in_arguments["tool_calls"][0]["function"]["name"] == "get_time" and reason == "length"
+
+
 def test_stream_deltas_of_auto_hold_back_only_what_may_be_a_call():
     plan = _plan(tools=[WEATHER, TIME])
     text, reason = _stream(plan, [" It", " is", " sunny."])
