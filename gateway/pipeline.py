@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
@@ -33,6 +34,10 @@ async def off_loop(function: Callable, *args, **kwargs):
     """Run CPU work of a request (chat template, tokenizer) on a worker thread, so one
     long prompt does not stall every other stream on the event loop."""
     return await asyncio.to_thread(partial(function, *args, **kwargs))
+
+
+def _disconnected() -> GatewayError:
+    return GatewayError(ErrorKind.INCOMPLETE, "the client went away before the answer was complete")
 
 
 class StreamRenderer:
@@ -64,23 +69,27 @@ class Pipeline:
         (admission, what prepare returned)."""
         admission = self.service.admit()
         try:
-            return admission, await prepare()
+            prepared = await prepare()
         except BaseException as exc:
             admission.release(exc)
             raise
+        self.service.metrics.request_validation_duration.observe(time.monotonic() - admission.received_at)
+        return admission, prepared
 
-    async def collect(self, admission: Admission, streams: list[RequestStream], http_request: Request):
-        """A whole answer's completions; a client gone first aborts the streams (their KV
-        blocks are freed) as INCOMPLETE. The slot is released either way."""
+    async def collect(self, admission: Admission, streams: list[RequestStream], http_request: Request,
+                      work: Awaitable | None = None):
+        """A whole answer: `work` (default: every stream's `Completion`); a client gone
+        first aborts the streams (their KV blocks are freed) as INCOMPLETE. The slot is
+        released either way."""
         try:
-            completions = await until_disconnected(
-                self.service.collect_all(streams), http_request, streams,
-                GatewayError(ErrorKind.INCOMPLETE, "the client disconnected"))
+            result = await until_disconnected(
+                work if work is not None else self.service.collect_all(streams), http_request, streams,
+                _disconnected())
         except BaseException as exc:
-            admission.release(exc)
+            admission.release(_disconnected() if isinstance(exc, asyncio.CancelledError) else exc)
             raise
         admission.release()
-        return completions
+        return result
 
     def stream(self, admission: Admission, streams: list[RequestStream], renderer: StreamRenderer,
                headers: dict[str, str]):
@@ -90,7 +99,7 @@ class Pipeline:
         def close() -> None:
             for stream in streams:
                 stream.abort()
-            admission.release(GatewayError(ErrorKind.INCOMPLETE, "the client disconnected"))
+            admission.release(_disconnected())
 
         return sse_response(self._events(admission, streams, renderer), headers, close)
 

@@ -1,20 +1,18 @@
 """TGI's native routes: `/generate`, `/generate_stream`, `/` (compat), `/info`,
 `/invocations` (SageMaker); `/tokenize` and `/chat_tokenize` live in tokenize.py.
 
-Each request takes a concurrency slot first (429 past --max-concurrent-requests,
-as TGI's semaphore does), is validated and tokenized before it reaches the
-engine, and releases its slot exactly once: when the answer is built, when its
-stream ends, or when the client goes away (the stream's engine requests are
-aborted then, so their KV blocks are freed by the next step).
+The life cycle is gateway/pipeline.py's: a concurrency slot first (429 past
+--max-concurrent-requests, as TGI's semaphore does), validation and tokenization
+off the event loop before anything reaches the engine, and the slot released
+exactly once: when the answer is built, when its stream ends, or when the client
+goes away (its engine requests are aborted then, so their KV blocks are freed by
+the next step). This module holds TGI's parser call and its renderers.
 
 Unlike TGI, a stream that fails before its first token (validation, overload)
 answers with the HTTP error itself rather than a 200 carrying an error event;
 both TGI clients handle either.
 """
 from __future__ import annotations
-
-import asyncio
-import logging
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -24,16 +22,15 @@ from ..errors import ErrorKind, GatewayError, SafeJSONResponse
 from ..openai.chat import create_chat_completion
 from ..openai.completions import create_completion
 from ..openai.schemas import ChatCompletionRequest, CompletionRequest
-from ..service import Admission, GenerationService, until_disconnected
-from ..streaming import sse_data, sse_response
+from ..pipeline import Pipeline, StreamRenderer, off_loop
+from ..service import GenerationService
+from ..streaming import sse_data
 from ..structured import compiled
 from .body import json_object, parse
 from .outputs import Sequence, generate_response, stream_event, timing_headers, vocab_for
 from .schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 from .tokenize import router as tokenize_router
 from .validation import GenerationPlan, plan_generation
-
-logger = logging.getLogger("switchyard.gateway.tgi")
 
 router = APIRouter()
 router.include_router(tokenize_router)
@@ -49,108 +46,80 @@ def _compute_type(service: GenerationService) -> str:
     return getattr(info, "backend", None) or "unknown"
 
 
-def _dropped() -> GatewayError:
-    return GatewayError(ErrorKind.INCOMPLETE, "the client went away before the answer was complete")
-
-
-async def _start(service: GenerationService, admission: Admission, plan: GenerationPlan):
-    if plan.params[0].grammar is not None:  # a grammar the engine cannot compile is a 422, not a failed stream
+async def _submit(service: GenerationService, inputs: str, parameters: GenerateParameters, stream: bool):
+    """TGI's validation (in its order) and tokenization off the event loop, the grammar
+    pre-check (a grammar the engine cannot compile is a 422, not a failed stream), submit."""
+    plan = await off_loop(plan_generation, service, inputs, parameters, stream=stream)
+    if plan.params[0].grammar is not None:
         await compiled(service.client, plan.params[0].grammar, "grammar")
-    streams = await service.submit_all([(plan.prompt_ids, params) for params in plan.params])
-    service.metrics.request_validation_duration.observe(
-        max(0.0, streams[0].arrival_time - admission.received_at))
-    return streams
+    return plan, await service.submit_all([(plan.prompt_ids, params) for params in plan.params])
 
 
 # -- /generate and / (not streamed) ---------------------------------------------------
 async def generate_answer(service: GenerationService, request: Request, inputs: str,
                           parameters: GenerateParameters, compat: bool = False) -> SafeJSONResponse:
     """A whole answer: `{generated_text, details?}` (a one-item list on `/`)."""
-    admission = service.admit()
-    try:
-        plan = plan_generation(service, inputs, parameters, stream=False)
-        streams = await _start(service, admission, plan)
-        vocab = vocab_for(service.tokenizer)
-        sequences = [Sequence(vocab, params.seed) for params in plan.params]
-        await _unless_disconnected(_collect(service, streams, sequences), request, streams)
-        body = generate_response(plan, sequences)
-    except BaseException as exc:
-        admission.release(_dropped() if isinstance(exc, asyncio.CancelledError) else exc)
-        raise
-    admission.release()
+    pipeline = Pipeline(service)
+    admission, (plan, streams) = await pipeline.start(lambda: _submit(service, inputs, parameters, stream=False))
+    vocab = vocab_for(service.tokenizer)
+    sequences = [Sequence(vocab, params.seed) for params in plan.params]
+    body = await pipeline.collect(admission, streams, request, _answer(service, streams, plan, sequences))
     best = max(range(len(sequences)), key=lambda i: sequences[i].cumulative_logprob)
     timings = service.timings(streams[best], sequences[best].last, admission.received_at)
     headers = timing_headers(timings, plan, len(sequences[best].tokens), _compute_type(service))
     return SafeJSONResponse([body] if compat else body, headers=headers)
 
 
-async def _collect(service: GenerationService, streams, sequences: list[Sequence]) -> None:
+async def _answer(service: GenerationService, streams, plan: GenerationPlan, sequences: list[Sequence]) -> dict:
     outputs = service.merged(streams)
     try:
         async for index, out in outputs:
             sequences[index].add(out)
     finally:
         await outputs.aclose()
-
-
-async def _unless_disconnected(work, request: Request, streams) -> None:
-    """Await `work`; if the client goes away first, abort the streams (freeing their
-    KV blocks) and fail as an incomplete generation."""
-    return await until_disconnected(work, request, streams, _dropped())
+    return generate_response(plan, sequences)
 
 
 # -- /generate_stream and / with stream=true -------------------------------------------
 async def stream_answer(service: GenerationService, inputs: str, parameters: GenerateParameters) -> Response:
     """Server-sent events, one per token; the last carries `generated_text` and `details`."""
-    admission = service.admit()
-    try:
-        plan = plan_generation(service, inputs, parameters, stream=True)
-        streams = await _start(service, admission, plan)
-    except BaseException as exc:
-        admission.release(exc)
-        raise
-
-    def close() -> None:  # however the response ends, even before the first event
-        for stream in streams:
-            stream.abort()
-        admission.release(_dropped())
-
+    pipeline = Pipeline(service)
+    admission, (plan, streams) = await pipeline.start(lambda: _submit(service, inputs, parameters, stream=True))
     headers = {"x-compute-type": _compute_type(service), "x-compute-characters": str(len(inputs))}
-    return sse_response(_events(service, plan, streams, admission), headers, close)
+    return pipeline.stream(admission, streams, TokenEvents(plan, Sequence(vocab_for(service.tokenizer),
+                                                                          plan.params[0].seed)), headers)
 
 
-async def _events(service: GenerationService, plan: GenerationPlan, streams, admission: Admission):
-    sequence = Sequence(vocab_for(service.tokenizer), plan.params[0].seed)
-    outputs = service.merged(streams)
-    error: BaseException | None = None
-    index = 0
-    try:
-        async for _, out in outputs:
-            pairs = sequence.add(out)
-            if out.finished and not pairs and sequence.tokens:  # a finish without a new token
-                pairs = [(sequence.tokens[-1], sequence.top_tokens[-1])]
-                index -= 1
-            for i, (token, top_tokens) in enumerate(pairs):
-                index += 1
-                last = out.finished and i == len(pairs) - 1
-                yield sse_data(stream_event(index, token, top_tokens, plan, sequence if last else None), "tgi")
-        if not sequence.finished:
+class TokenEvents(StreamRenderer):
+    """TGI's stream: one `data:` event per token, the last with the text and details;
+    an error (or a stream that ended unfinished) as one `{error, error_type}` event."""
+
+    def __init__(self, plan: GenerationPlan, sequence: Sequence):
+        self._plan = plan
+        self._sequence = sequence
+        self._index = 0
+
+    def on_output(self, index: int, out) -> list[str]:
+        sequence = self._sequence
+        pairs = sequence.add(out)
+        if out.finished and not pairs and sequence.tokens:  # a finish without a new token
+            pairs = [(sequence.tokens[-1], sequence.top_tokens[-1])]
+            self._index -= 1
+        events = []
+        for i, (token, top_tokens) in enumerate(pairs):
+            self._index += 1
+            last = out.finished and i == len(pairs) - 1
+            events.append(sse_data(stream_event(self._index, token, top_tokens, self._plan,
+                                                sequence if last else None), "tgi"))
+        return events
+
+    def tail(self) -> list[str]:
+        if not self._sequence.finished:
             raise GatewayError(ErrorKind.INCOMPLETE, "Incomplete generation")
-    except GatewayError as exc:
-        error = exc
-        yield sse_data(exc.tgi_body(), "tgi")
-    except Exception as exc:  # noqa: BLE001 - reported in the stream, which has already started
-        logger.exception("stream failed")
-        error = exc
-        yield sse_data(GatewayError(ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}").tgi_body(), "tgi")
-    except BaseException:  # the client went away: the response closes this generator
-        error = _dropped()
-        raise
-    finally:  # synchronous first: under a cancelled scope the await below may not complete
-        for stream in streams:
-            stream.abort()
-        admission.release(error)
-        await outputs.aclose()
+        return []
+
+    def on_error(self, error: GatewayError) -> list[str]:
+        return [sse_data(error.tgi_body(), "tgi")]
 
 
 # -- routes -------------------------------------------------------------------------------

@@ -64,6 +64,17 @@ def test_max_output_tokens_cut_off_is_incomplete(client):
     assert response.usage.output_tokens == 3 and response.output[0].status == "incomplete"
 
 
+def test_output_text_logprobs_when_included(client):
+    response = client.responses.create(model=MODEL_NAME, input=QUESTION, max_output_tokens=4, temperature=0,
+                                       include=["message.output_text.logprobs"], top_logprobs=2)
+    logprobs = response.output[0].content[0].logprobs
+    assert len(logprobs) == response.usage.output_tokens == 4
+    assert "".join(entry.token for entry in logprobs) == response.output_text
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in logprobs)
+    assert logprobs[0].logprob == pytest.approx(logprobs[0].top_logprobs[0].logprob)  # greedy: the top token
+
+
+@pytest.mark.slow
 def test_parse_and_stream_with_a_pydantic_model(client):
     question = "What is the capital of France? Answer in JSON."
     parsed = client.responses.parse(model=MODEL_NAME, input=question, text_format=Capital, max_output_tokens=60,
@@ -79,6 +90,7 @@ def test_parse_and_stream_with_a_pydantic_model(client):
     assert final.output_parsed == parsed.output_parsed
 
 
+@pytest.mark.slow
 def test_required_tool_call_whole_and_streamed_then_the_tools_output(client):
     question = "What is the weather in Paris?"
     response = client.responses.create(model=MODEL_NAME, input=question, tools=[WEATHER], tool_choice="required",
