@@ -67,7 +67,7 @@ def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: 
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    params = replace(_sampling_params(req, settings, vocab_size, max_tokens, logprobs, param), grammar=grammar)
+    params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, param, grammar=grammar)
     n = req.n or 1
     return EnginePlan(params, max_tokens, None, n, n, grammar_param=grammar_param, tools=tools)
 
@@ -116,10 +116,9 @@ def completion_plan(req: CompletionRequest, settings: ServerSettings, vocab_size
     logprobs = req.logprobs if req.logprobs is not None else (0 if best_of > n else None)
     max_tokens = 1 if discard else req.max_tokens
     output = output_grammar(req, settings)
-    params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, "max_tokens")
-    params = replace(params, grammar=output.spec if output else None)
-    if req.echo and req.logprobs is not None:
-        params = replace(params, prompt_logprobs=req.logprobs)
+    params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, "max_tokens",
+                              grammar=output.spec if output else None,
+                              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
     return EnginePlan(params, max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, n, best_of, discard_output=discard,
                       grammar_param=output.param if output else None)
 
@@ -139,7 +138,9 @@ def _reject_unsupported_extras(req: SamplingFields) -> None:
 
 
 def _sampling_params(req: SamplingFields, settings: ServerSettings, vocab_size: int, max_tokens: int | None,
-                     logprobs: int | None, max_tokens_param: str) -> SamplingParams:
+                     logprobs: int | None, max_tokens_param: str, **engine_fields) -> SamplingParams:
+    """The one SamplingParams of a request's sequences (each sequence then only gets its
+    max_tokens for its prompt and its own seed); `engine_fields`: grammar, prompt_logprobs."""
     temperature = _default(req.temperature, 1.0)
     top_p = _default(req.top_p, 1.0)
     if top_p == 0.0:  # nucleus of probability 0 keeps only the most likely token: greedy
@@ -159,7 +160,8 @@ def _sampling_params(req: SamplingFields, settings: ServerSettings, vocab_size: 
             stop_token_ids=tuple(check_token_ids(req.stop_token_ids or (), vocab_size, "stop_token_ids")),
             ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, logprobs=logprobs,
-            typical_p=_default(req.typical_p, 1.0), logit_bias=_logit_bias(req.logit_bias, vocab_size))
+            typical_p=_default(req.typical_p, 1.0), logit_bias=_logit_bias(req.logit_bias, vocab_size),
+            **engine_fields)
     except ValidationError as exc:
         param = max_tokens_param if exc.param == "max_tokens" else exc.param
         raise invalid(str(exc), param) from exc
