@@ -43,6 +43,10 @@ def _disconnected() -> GatewayError:
 class StreamRenderer:
     """A dialect's stream: engine outputs -> SSE-framed events."""
 
+    def head(self) -> list[str]:
+        """Events sent at once, before the first output (the Responses API's `response.created`)."""
+        return []
+
     def on_output(self, index: int, out: RequestOutput) -> list[str]:
         raise NotImplementedError
 
@@ -106,6 +110,8 @@ class Pipeline:
     async def _events(self, admission: Admission, streams, renderer: StreamRenderer) -> AsyncIterator[str]:
         outputs = self.service.merged(streams)
         try:
+            for event in renderer.head():
+                yield event
             async for index, out in outputs:
                 for event in renderer.on_output(index, out):
                     yield event

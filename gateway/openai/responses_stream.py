@@ -41,12 +41,13 @@ class ResponseEvents(StreamRenderer):
         self._status = "in_progress"
         self._usage: dict | None = None
 
+    def head(self) -> list[str]:
+        response = self._frame.body("in_progress", [])
+        return [self._event("response.created", response=response),
+                self._event("response.in_progress", response=response)]
+
     def on_output(self, index: int, out: RequestOutput) -> list[str]:
         events = []
-        if self._sequence_number == 0:
-            response = self._frame.body("in_progress", [])
-            events += [self._event("response.created", response=response),
-                       self._event("response.in_progress", response=response)]
         entries = None
         if self._want_logprobs and out.new_token_ids:
             entries = chat_logprob_entries(self._strings, out.new_token_ids, out.logprobs or (), out.top_logprobs)
