@@ -4,6 +4,7 @@ family: a tiny random-weight Hugging Face model is saved as safetensors, loaded 
 (logits) and on 32 greedy tokens decoded step by step through the paged KV cache."""
 from __future__ import annotations
 
+import pytest
 import torch
 from model_helpers import Chunk, ReferenceBackend, run_step, run_two_steps
 from transformers import AutoModelForCausalLM
@@ -12,6 +13,16 @@ from switchyard.core.config import ModelConfig
 from switchyard.core.loader import load_model
 
 BLOCK_SIZE = 4
+
+
+@pytest.fixture(scope="module", autouse=False)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded machine torch's
+    thread pool made each step 400x slower (1.4 s instead of 3 ms); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def randomize(model: torch.nn.Module, seed: int = 1) -> None:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from model_helpers import Chunk, ReferenceBackend, run_step
-from parity_helpers import assert_greedy_matches, assert_logits_match, load_ours, save_tiny
+from parity_helpers import one_thread, assert_greedy_matches, assert_logits_match, load_ours, save_tiny
 from transformers import Phi3Config
 
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -38,6 +38,10 @@ def configs() -> dict:
                                     original_max_position_embeddings=ORIGINAL_CONTEXT,
                                     rope_parameters=longrope(16)),
     }
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+assert one_thread  # the fixture, imported for pytest to find
 
 
 @pytest.fixture(scope="module", params=sorted(configs()))
