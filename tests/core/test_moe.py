@@ -95,7 +95,8 @@ def test_fused_experts_equal_a_per_token_loop(num_tokens):
     w13, w2 = torch.randn(8, 2 * 24, 32, generator=generator), torch.randn(8, 32, 24, generator=generator)
     weights, ids = select_experts(torch.randn(num_tokens, 8, generator=generator), 2, renormalize=True)
     torch.testing.assert_close(weights.sum(-1), torch.ones(num_tokens))
-    torch.testing.assert_close(fused_experts(hidden, w13, w2, weights, ids), _per_token_loop(hidden, w13, w2, weights, ids),
+    expected = _per_token_loop(hidden, w13, w2, weights, ids)
+    torch.testing.assert_close(fused_experts(hidden, w13, w2, weights, ids), expected,
                                atol=1e-4, rtol=1e-4)
 
 
