@@ -72,11 +72,14 @@ class FusedMoE(nn.Module):
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.experts_impl(hidden, self.w13_weight, self.w2_weight, weights, ids)
 
-    def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> None:
-        """part: "gate" / "up" (rows of w13) or "down" (w2) of one expert, as [out, in]."""
+    def load_expert(self, expert: int | None, part: str, tensor: torch.Tensor) -> None:
+        """part: "gate" / "up" (rows of w13), "gate_up" (all of w13) or "down" (w2), as
+        [out, in] of one expert, or stacked [E, out, in] for every expert (expert None)."""
         size = self.intermediate_size
-        target = {"gate": self.w13_weight.data[expert, :size], "up": self.w13_weight.data[expert, size:],
-                  "down": self.w2_weight.data[expert]}[part]
+        experts = slice(None) if expert is None else expert
+        target = {"gate": self.w13_weight.data[experts, :size], "up": self.w13_weight.data[experts, size:],
+                  "gate_up": self.w13_weight.data[experts], "down": self.w2_weight.data[experts]}[part]
         if tensor.shape != target.shape:
-            raise ValueError(f"expert {expert} {part} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+            which = "experts" if expert is None else f"expert {expert}"
+            raise ValueError(f"{which} {part} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
         target.copy_(tensor)

@@ -9,8 +9,10 @@ logits) and FusedMoE (core/layers/fused_moe.py), whose experts run batched per s
   renormalised only with norm_topk_prob; layers listed in mlp_only_layers, or off the
   decoder_sparse_step rhythm, are dense.
 - Qwen3-MoE: as Qwen2-MoE without the shared expert.
-Checkpoints come with one tensor per expert (`...experts.{e}.gate_proj.weight`) or, as
-transformers 5 keeps them in memory, stacked (`...experts.gate_up_proj`, `...experts.down_proj`).
+Checkpoints come with one tensor per expert (`...experts.{e}.gate_proj.weight`) or stacked
+over experts: `...experts.gate_up_proj` / `...experts.down_proj` as transformers 5 keeps
+them in memory, or `...experts.gate_proj` / `up_proj` / `down_proj` as GGUF files hold them
+(llama.cpp's ffn_gate_exps / ffn_up_exps / ffn_down_exps).
 """
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ from ..layers import Linear, MergedLinear, SiluAndMul
 from ..layers.fused_moe import FusedMoE
 from .llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
+# One expert's tensor, or every expert's stacked ([E, out, in], no expert index).
 EXPERT_WEIGHT = re.compile(r"^(.*)\.mlp\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
-EXPERT_PARTS = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
-STACKED_EXPERT_NAMES = {".mlp.experts.gate_up_proj": ".mlp.experts.w13_weight",
-                        ".mlp.experts.down_proj": ".mlp.experts.w2_weight"}
+STACKED_EXPERT_WEIGHT = re.compile(r"^(.*)\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight)?$")
+EXPERT_PARTS = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down",
+                "gate_up_proj": "gate_up"}
 
 
 class GatedMLP(nn.Module):
@@ -103,16 +106,19 @@ class MoeForCausalLM(LlamaForCausalLM):
                        expert_parts: dict[str, set[tuple[int, str]]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
             name = name.replace(".block_sparse_moe.", ".mlp.")
-            match = EXPERT_WEIGHT.match(name)
-            if match is None:
-                for stacked, ours in STACKED_EXPERT_NAMES.items():
-                    if name.endswith(stacked):
-                        name = name[:-len(stacked)] + ours
+            one, stacked = EXPERT_WEIGHT.match(name), STACKED_EXPERT_WEIGHT.match(name)
+            if one is None and stacked is None:
                 yield name, tensor
                 continue
-            prefix, expert, part = f"{match[1]}.mlp.experts", int(match[2]), EXPERT_PARTS[match[3]]
+            if one is not None:
+                layer, expert, part = one[1], int(one[2]), EXPERT_PARTS[one[3]]
+            else:
+                layer, expert, part = stacked[1], None, EXPERT_PARTS[stacked[2]]
+            prefix = f"{layer}.mlp.experts"
             module = self.get_submodule(prefix)
-            if not isinstance(module, FusedMoE) or expert >= module.num_experts:
+            if not isinstance(module, FusedMoE) or (expert is not None and expert >= module.num_experts):
                 raise ValueError(f"checkpoint weight {name!r} has no matching expert in the model")
             module.load_expert(expert, part, tensor)
-            expert_parts.setdefault(prefix, set()).add((expert, part))
+            parts = ("gate", "up") if part == "gate_up" else (part,)
+            covered = range(module.num_experts) if expert is None else (expert,)
+            expert_parts.setdefault(prefix, set()).update((e, p) for e in covered for p in parts)

@@ -71,6 +71,25 @@ def test_layers_and_stacked_checkpoint_names(moe):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=key)
 
 
+def test_experts_stacked_per_projection_as_in_gguf(moe):
+    """[E, I, H] gate and up and [E, H, I] down tensors (GGUF's ffn_*_exps) load too."""
+    name, path, hf = moe
+    loaded = load_ours(path)
+    again = load_ours(path, load_format="dummy")
+    state = hf.state_dict()
+    weights = []
+    for key, tensor in state.items():
+        if key.endswith("experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            weights += [(key.replace("gate_up_proj", "gate_proj"), gate), (key.replace("gate_up_proj", "up_proj"), up)]
+        else:
+            weights.append((key, tensor))
+    with torch.no_grad():
+        assert again.model.load_weights(weights) == set(dict(again.model.named_parameters()))
+    for (key, ours), theirs in zip(loaded.model.state_dict().items(), again.model.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=key)
+
+
 def test_unknown_expert_weight_is_refused(moe):
     name, path, _ = moe
     loaded = load_ours(path, load_format="dummy")
