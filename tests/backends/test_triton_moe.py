@@ -62,9 +62,13 @@ def test_align_groups_pairs_by_expert_in_padded_runs():
     assert sorted_pairs.numel() == 8 + 5 * 3 + 1  # worst case, rounded up to the block
 
 
-@pytest.mark.parametrize("dtype,num_tokens,top_k", [(torch.float32, 5, 2), (torch.bfloat16, 3, 3)])
-def test_fused_experts_match_the_reference(dtype, num_tokens, top_k):
-    x, w13, w2, weights, ids = _problem(num_tokens, 4, top_k, 32, 16, dtype, seed=num_tokens)
+@pytest.mark.parametrize("dtype,num_tokens,top_k,hidden,inter", [
+    (torch.float32, 5, 2, 32, 16),  # decode-sized: 16-row runs
+    (torch.bfloat16, 3, 3, 32, 16),
+    (torch.float32, 40, 2, 80, 48),  # prefill-sized: 64-row runs, two output tiles, a masked second K tile
+])
+def test_fused_experts_match_the_reference(dtype, num_tokens, top_k, hidden, inter):
+    x, w13, w2, weights, ids = _problem(num_tokens, 4, top_k, hidden, inter, dtype, seed=num_tokens)
     got = kernels.fused_experts(x, w13, w2, weights, ids)
     expected = fused_experts(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu())
     assert got.dtype == dtype and got.shape == x.shape
