@@ -36,9 +36,10 @@ def rope_parameters(config: Any) -> tuple[float, dict]:
     scaling["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
     if scaling["rope_type"] == "su":
         scaling["rope_type"] = "longrope"
-    scaling.setdefault("original_max_position_embeddings",
-                       getattr(config, "original_max_position_embeddings", None))
-    scaling.setdefault("max_position_embeddings", getattr(config, "max_position_embeddings", None))
+    if scaling["rope_type"] in ("yarn", "longrope"):  # context lengths from the config where the dict lacks them
+        for key in ("original_max_position_embeddings", "max_position_embeddings"):
+            if scaling.get(key) is None:
+                scaling[key] = getattr(config, key, None)
     return float(theta), scaling
 
 
