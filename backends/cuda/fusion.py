@@ -4,8 +4,9 @@ Unfused, a bf16 RMSNorm is eight kernels, rotary four and SiLU-and-mul two; at b
 each is a few microseconds of a memory-bound step that should be all weight reads,
 so fusing them (one kernel each) is most of what separates a decode step from its
 roofline after CUDA graphs. The model code stays plain torch: its RMSNorm and
-SiluAndMul modules get an instance-level `forward`, and attention modules that hold
-their rotary function as `rotary` get the fused one.
+SiluAndMul modules get an instance-level `forward`, attention modules that hold
+their rotary function as `rotary` get the fused one, and mixture-of-experts layers
+(FusedMoE) get the grouped-GEMM Triton kernel as their `experts_impl`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from torch import nn
 
 from switchyard.core.layers import RMSNorm, SiluAndMul
 from switchyard.core.layers import apply_rotary as plain_apply_rotary
+from switchyard.core.layers.fused_moe import FusedMoE
+from switchyard.core.layers.fused_moe import fused_experts as plain_fused_experts
 
 
 def _fused_rms_norm(module: RMSNorm, kernels):
@@ -37,7 +40,8 @@ def _fused_silu_and_mul(kernels):
 
 
 def fuse_layers(model: nn.Module, kernels) -> dict[str, int]:
-    """kernels: a namespace with rms_norm, silu_and_mul and apply_rotary (backends/cuda/kernels).
+    """kernels: a namespace with rms_norm, silu_and_mul, apply_rotary and fused_experts
+    (backends/cuda/kernels).
     Returns how many modules of each kind now run fused."""
     fused: Counter[str] = Counter()
     for module in model.modules():
@@ -50,4 +54,7 @@ def fuse_layers(model: nn.Module, kernels) -> dict[str, int]:
         elif getattr(module, "rotary", None) is plain_apply_rotary:
             module.rotary = kernels.apply_rotary
             fused["rotary"] += 1
+        elif isinstance(module, FusedMoE) and module.experts_impl is plain_fused_experts:
+            module.experts_impl = kernels.fused_experts
+            fused["moe"] += 1
     return dict(fused)

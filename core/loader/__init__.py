@@ -62,9 +62,12 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> 
         _load_checkpoint(model, source, hf_config)
     model.eval()
     specs = tuple(model.attention_specs)
+    max_model_len = _max_model_len(model_config, hf_config)
+    if hasattr(model, "fit_context"):  # e.g. longrope picks its factors for the served context
+        model.fit_context(max_model_len)
     return LoadedModel(model=model, hf_config=hf_config, attention_spec=specs[0], attention_specs=specs,
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
-                       max_model_len=_max_model_len(model_config, hf_config),
+                       max_model_len=max_model_len,
                        vocab_size=hf_config.vocab_size, dtype=dtype, source=source)
 
 

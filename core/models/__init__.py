@@ -6,6 +6,8 @@ from typing import Any
 from torch import nn
 
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
+from .moe import MoeForCausalLM
+from .phi3 import Phi3ForCausalLM
 
 # model_type -> class; GGUF-derived configs carry a model_type but no `architectures`.
 MODEL_TYPES: dict[str, type[nn.Module]] = {
@@ -13,6 +15,10 @@ MODEL_TYPES: dict[str, type[nn.Module]] = {
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "mixtral": MoeForCausalLM,
+    "qwen2_moe": MoeForCausalLM,
+    "qwen3_moe": MoeForCausalLM,
 }
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
 from ..layers import (Embedding, Linear, MergedLinear, PagedAttention, RMSNorm, RotaryEmbedding,
                       SiluAndMul, apply_rotary, rope_parameters)
+from ..layers.rotary import apply_partial_rotary, rotary_dim
 
 KernelFactory = Callable[[AttentionSpec], AttentionKernel]
 
@@ -25,6 +26,7 @@ STACKED_PARAMS = {
     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
 }
 IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of q and k before rotary
 
 
 def head_dim_of(config: Any) -> int:
@@ -58,13 +60,14 @@ class LlamaAttention(nn.Module):
         spec = kernel.spec
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        is_qwen2 = config.model_type == "qwen2"
+        # Qwen2 (and Qwen2-MoE's qkv_bias): q/k/v bias without an o bias
+        is_qwen2 = config.model_type == "qwen2" or bool(getattr(config, "qkv_bias", False))
         attention_bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = MergedLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
                                      bias=is_qwen2 or attention_bias, dtype=dtype)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=attention_bias and not is_qwen2, dtype=dtype)
         self.q_norm = self.k_norm = None
-        if config.model_type == "qwen3":
+        if config.model_type in QK_NORM_MODEL_TYPES:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
         self.attn = PagedAttention(kernel)
@@ -78,13 +81,14 @@ class LlamaAttention(nn.Module):
         if self.q_norm is None:  # one rotary call for the query and key heads together
             qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads,
                                                            self.head_dim)
-            qk = self.rotary(qk, cos, sin)
+            qk = apply_partial_rotary(self.rotary, qk, cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:].contiguous()
         else:
             q = self.q_norm(qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size]
                             .reshape(num_tokens, self.num_kv_heads, self.head_dim))
-            q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin).contiguous()
+            q = apply_partial_rotary(self.rotary, q, cos, sin)
+            k = apply_partial_rotary(self.rotary, k, cos, sin).contiguous()
         out = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -105,12 +109,16 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype):
+    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype, layer_idx: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.self_attn = LlamaAttention(config, kernel, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.mlp = LlamaMLP(config, dtype)
+        self.mlp = self.build_mlp(config, layer_idx, dtype)
+
+    def build_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module:
+        """The feed-forward block of this layer (mixture-of-experts models override it)."""
+        return LlamaMLP(config, dtype)
 
     def forward(self, hidden, cos, sin, kv_cache, meta):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
@@ -118,11 +126,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
     def __init__(self, config: Any, kernels: list[AttentionKernel], dtype: torch.dtype):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.rotary_emb = RotaryEmbedding(head_dim_of(config), *rope_parameters(config))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, kernel, dtype) for kernel in kernels)
+        self.rotary_emb = RotaryEmbedding(rotary_dim(config, head_dim_of(config)), *rope_parameters(config))
+        self.layers = nn.ModuleList(self.layer_class(config, kernel, dtype, i) for i, kernel in enumerate(kernels))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids, positions, kv_caches, meta):
@@ -136,6 +146,7 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Build it under `with torch.device(device):`; parameters start uninitialised
     (see core/layers/linear.py) and are filled by `load_weights` or dummy init."""
+    model_class: type[LlamaModel] = LlamaModel
 
     def __init__(self, config: Any, make_kernel: KernelFactory, block_size: int, dtype: torch.dtype):
         super().__init__()
@@ -145,11 +156,15 @@ class LlamaForCausalLM(nn.Module):
         for spec in self.attention_specs:
             if spec not in kernels:
                 kernels[spec] = make_kernel(spec)
-        self.model = LlamaModel(config, [kernels[spec] for spec in self.attention_specs], dtype)
+        self.model = self.model_class(config, [kernels[spec] for spec in self.attention_specs], dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fit_context(self, max_model_len: int) -> None:
+        """Called by the loader with the served context length (longrope picks its factors)."""
+        self.model.rotary_emb.fit_context(max_model_len)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -111,5 +111,5 @@ def test_unknown_rope_scaling_raises():
     config = LlamaConfig(**SMALL)
     theta, scaling = rope_parameters(config)
     assert scaling["rope_type"] == "default" and theta == config.rope_parameters["rope_theta"]
-    with pytest.raises(NotImplementedError, match="yarn"):
-        compute_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(NotImplementedError, match="made-up"):
+        compute_inv_freq(16, 10000.0, {"rope_type": "made-up", "factor": 2.0})

@@ -1,5 +1,5 @@
 """Triton kernels of the CUDA backend (ROCm's Triton builds them too): KV write,
-paged attention, fused RMSNorm / rotary / SiLU-and-mul.
+paged attention, fused RMSNorm / rotary / SiLU-and-mul, the fused mixture-of-experts GEMM.
 
 Importing this package imports triton; the CUDA backend imports it only when it
 builds a kernel, so plugin discovery works on machines without triton. On a CPU
@@ -8,7 +8,8 @@ kernel is defined, i.e. when this package is first imported.
 """
 from .fused import apply_rotary, rms_norm, silu_and_mul
 from .kv_write import write_kv
+from .moe import fused_experts, moe_align_block_size
 from .paged_attention import MAX_KV_SPLITS, TileShape, choose_num_kv_splits, paged_attention, tile_shape
 
-__all__ = ["MAX_KV_SPLITS", "TileShape", "apply_rotary", "choose_num_kv_splits", "paged_attention", "rms_norm",
-           "silu_and_mul", "tile_shape", "write_kv"]
+__all__ = ["MAX_KV_SPLITS", "TileShape", "apply_rotary", "choose_num_kv_splits", "fused_experts",
+           "moe_align_block_size", "paged_attention", "rms_norm", "silu_and_mul", "tile_shape", "write_kv"]
