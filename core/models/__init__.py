@@ -5,6 +5,7 @@ from typing import Any
 
 from torch import nn
 
+from .gemma import GemmaForCausalLM
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
 
 # model_type -> class; GGUF-derived configs carry a model_type but no `architectures`.
@@ -13,6 +14,8 @@ MODEL_TYPES: dict[str, type[nn.Module]] = {
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
+    "gemma2": GemmaForCausalLM,
+    "gemma3_text": GemmaForCausalLM,
 }
 
 
@@ -24,4 +27,4 @@ def model_class(hf_config: Any) -> type[nn.Module]:
     return MODEL_TYPES[model_type]
 
 
-__all__ = ["KernelFactory", "LlamaForCausalLM", "MODEL_TYPES", "attention_specs", "model_class"]
+__all__ = ["GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_TYPES", "attention_specs", "model_class"]
