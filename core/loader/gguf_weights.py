@@ -1,27 +1,25 @@
-"""GGUF files: the config comes from transformers' GGUF conversion, the tensors are
-dequantized one by one with the `gguf` package and renamed to Hugging Face names.
+"""GGUF files: the config, the tensor names and the tensor values all come the way
+transformers' own GGUF loading makes them, so a GGUF loads here for every architecture
+transformers can load from GGUF, and its tensors are bit-identical to transformers'.
 
-llama.cpp permutes the rows of q/k weights of the "llama" architecture (for its
-interleaved rope); they are permuted back exactly as transformers does.
+- Config: transformers' GGUF metadata mapping (`load_gguf_checkpoint`).
+- Names: transformers maps GGUF tensor names to Hugging Face ones from the state dict of
+  the model it loads into (`get_gguf_hf_weights_map` over gguf-py's name table). We build
+  that model class from the config on the meta device (no memory, no init) and ask the same.
+- Values: each tensor is dequantized with the `gguf` package and passed through
+  transformers' TensorProcessor of the architecture, e.g. llama.cpp's q/k row permutation of
+  "llama" undone, Gemma's norm weights (stored by llama.cpp with the +1 of their (1 + w) scale
+  folded in) taken back to Hugging Face's convention, MoE experts merged into one tensor.
 """
 from __future__ import annotations
 
-import re
+import logging
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# Precomputed rope factors; transformers ignores them too (the config carries the scaling).
-_SKIPPED = {"rope_freqs.weight"}
-_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+logger = logging.getLogger(__name__)
 
 
 def load_gguf_config(path: str) -> Any:
@@ -34,37 +32,44 @@ def load_gguf_config(path: str) -> Any:
     return AutoConfig.for_model(**config_dict)
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """Hugging Face name of a GGUF tensor (None: skip it); unknown names raise."""
-    if gguf_name in _SKIPPED:
-        return None
-    match = _BLOCK.match(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
-        layer, part, suffix = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{suffix}"
-    base, _, suffix = gguf_name.rpartition(".")
-    if base in _TOP_NAMES:
-        return f"{_TOP_NAMES[base]}.{suffix}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no known Hugging Face name")
+def tensor_processor(architecture: str, hf_config: Any) -> Any:
+    """transformers' TensorProcessor of a GGUF architecture (the identity one if it has none)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
 
 
-def unpermute_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (transformers' _reverse_permute_weights)."""
-    dim = weights.shape[0] // num_heads // 2
-    w = weights.reshape(num_heads, dim, 2, *weights.shape[1:])
-    return w.swapaxes(2, 1).reshape(weights.shape)
+def gguf_to_hf_names(hf_config: Any, processor: Any) -> dict[str, str]:
+    """GGUF tensor name -> Hugging Face name, exactly as transformers maps them when it loads
+    the file into AutoModelForCausalLM (built here on the meta device, only for its names)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(hf_config)
+    return get_gguf_hf_weights_map(skeleton, processor)
+
+
+def _float32_tensor(weights: np.ndarray | torch.Tensor) -> torch.Tensor:
+    if isinstance(weights, torch.Tensor):
+        return weights.to(torch.float32)
+    return torch.from_numpy(np.array(weights, dtype=np.float32, copy=True))
 
 
 class GGUFWeights:
-    """Opens the file once; `len()` counts tensors, iteration yields (HF name, float32 tensor)."""
+    """Opens the file once; `len()` counts tensors, iteration yields (HF name, float32 tensor).
+    GGUF tensors transformers has no name for (e.g. llama.cpp's precomputed rope_freqs) are
+    skipped, as transformers skips them; a weight the model then lacks is reported by load_model."""
 
     def __init__(self, path: str, hf_config: Any):
         from gguf import GGUFReader
 
         self.reader = GGUFReader(path)
         self.config = hf_config
-        arch = self.reader.get_field("general.architecture")
-        self.architecture = arch.contents() if arch is not None else None
+        field = self.reader.get_field("general.architecture")
+        self.architecture = field.contents() if field is not None else None
+        self.processor = tensor_processor(self.architecture, hf_config)
+        self.names = gguf_to_hf_names(hf_config, self.processor)
 
     def __len__(self) -> int:
         return len(self.reader.tensors)
@@ -72,19 +77,18 @@ class GGUFWeights:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         from gguf.quants import dequantize
 
+        # Processors that assemble one Hugging Face tensor from several GGUF tensors (MoE
+        # experts) keep it here, as transformers' loader does; they are yielded at the end.
+        assembled: dict[str, dict] = {"tensors": {}}
         for tensor in self.reader.tensors:
-            name = hf_name(tensor.name)
-            if name is None:
-                continue
             weights = dequantize(tensor.data, tensor.tensor_type)
-            weights = self._unpermute(tensor.name, weights)
-            yield name, torch.from_numpy(np.array(weights, dtype=np.float32, copy=True))
-
-    def _unpermute(self, gguf_name: str, weights: np.ndarray) -> np.ndarray:
-        if self.architecture != "llama":
-            return weights
-        if ".attn_q." in gguf_name:
-            return unpermute_rows(weights, self.config.num_attention_heads)
-        if ".attn_k." in gguf_name:
-            return unpermute_rows(weights, self.config.num_key_value_heads)
-        return weights
+            result = self.processor.process(weights=weights, name=tensor.name, tensor_key_mapping=self.names,
+                                            parsed_parameters=assembled)
+            if result.name is None:
+                continue
+            if result.name not in self.names:
+                logger.debug("GGUF tensor %s has no Hugging Face name; skipped", result.name)
+                continue
+            yield self.names[result.name], _float32_tensor(result.weights)
+        for name, tensor in assembled["tensors"].items():
+            yield name, _float32_tensor(tensor)

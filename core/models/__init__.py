@@ -5,6 +5,7 @@ from typing import Any
 
 from torch import nn
 
+from .gemma import GemmaForCausalLM
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
 from .moe import MoeForCausalLM
 from .phi3 import Phi3ForCausalLM
@@ -19,6 +20,8 @@ MODEL_TYPES: dict[str, type[nn.Module]] = {
     "mixtral": MoeForCausalLM,
     "qwen2_moe": MoeForCausalLM,
     "qwen3_moe": MoeForCausalLM,
+    "gemma2": GemmaForCausalLM,
+    "gemma3_text": GemmaForCausalLM,
 }
 
 
@@ -30,4 +33,4 @@ def model_class(hf_config: Any) -> type[nn.Module]:
     return MODEL_TYPES[model_type]
 
 
-__all__ = ["KernelFactory", "LlamaForCausalLM", "MODEL_TYPES", "attention_specs", "model_class"]
+__all__ = ["GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_TYPES", "attention_specs", "model_class"]

@@ -131,6 +131,8 @@ RAGGED_CASES = [  # dtype, block_size, group, head_dim, window, soft_cap
     (torch.bfloat16, 16, 2, 64, None, None),
     (torch.bfloat16, 32, 4, 128, 7, 3.0),
     (torch.float16, 8, 1, 64, 9, None),
+    (torch.float32, 16, 4, 256, 7, None),  # Gemma 3's shape: head_dim 256, 4 query heads per key head
+    (torch.float32, 16, 2, 256, 6, 3.0),  # Gemma 2-like: head_dim 256, a window and a soft cap
 ]
 
 

@@ -1,5 +1,6 @@
-"""Shared by test_model.py and test_loader.py: a CPU Backend over the reference
-attention kernel, and flat ragged batches built by hand."""
+"""Shared by the model and loader tests: a CPU Backend over the reference attention
+kernel, flat ragged batches built by hand, random weights that show mistakes, and the
+comparisons with transformers (logits of a ragged chunked batch, greedy generation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,3 +90,41 @@ def run_two_steps(loaded, prompts: dict[str, list[int]], decode_token: int, bloc
     la2, lb2 = run_step(loaded, kv_caches, [Chunk([decode_token], len(a), blocks["A"]),
                                             Chunk(b[half:], half, blocks["B"])], block_size)
     return {"A": torch.cat([la, la2]), "B": torch.cat([lb1, lb2]), "C": lc}
+
+
+def randomize(model: torch.nn.Module, seed: int = 1) -> None:
+    """Larger-than-default random weights (and non-unit norms), so mistakes show."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.15 * noise)
+
+
+def ragged_prompts(vocab_size: int, lengths: dict[str, int] | None = None, seed: int = 7) -> dict[str, list[int]]:
+    """Random prompts A, B, C for run_two_steps (default lengths 7, 10, 3)."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = lengths or {"A": 7, "B": 10, "C": 3}
+    return {key: torch.randint(0, vocab_size, (n,), generator=generator).tolist() for key, n in lengths.items()}
+
+
+def assert_two_steps_match(loaded, hf, prompts: dict[str, list[int]], decode_token: int, block_size: int,
+                           atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    """Our logits of run_two_steps (a ragged batch, B's prompt chunked, A decoding next to
+    B's second chunk) against transformers' logits of each whole sequence."""
+    ours = run_two_steps(loaded, prompts, decode_token, block_size)
+    for key, ids in prompts.items():
+        ids = ids + [decode_token] if key == "A" else ids
+        with torch.no_grad():
+            expected = hf(torch.tensor([ids])).logits[0].float()
+        assert ours[key].shape == expected.shape
+        torch.testing.assert_close(ours[key], expected, atol=atol, rtol=rtol, msg=f"request {key}")
+
+
+@torch.inference_mode()
+def hf_greedy(hf, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy continuation of `prompt` (EOS ignored)."""
+    ids = torch.tensor([prompt])
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                      min_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

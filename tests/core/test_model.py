@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from model_helpers import ReferenceBackend, run_two_steps
+from model_helpers import ReferenceBackend, assert_two_steps_match, ragged_prompts, randomize, run_two_steps
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from switchyard.core.config import ModelConfig
@@ -35,15 +35,6 @@ def tiny_configs() -> dict:
     }
 
 
-def randomize(model: torch.nn.Module) -> None:
-    """Larger-than-default random weights (and non-unit norms), so mistakes show."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.15 * noise)
-
-
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))
 def saved_model(request, tmp_path_factory):
     config = tiny_configs()[request.param]
@@ -59,23 +50,13 @@ def saved_model(request, tmp_path_factory):
 
 
 def prompts() -> dict[str, list[int]]:
-    generator = torch.Generator().manual_seed(7)
-    return {key: torch.randint(0, 128, (n,), generator=generator).tolist() for key, n in
-            (("A", 7), ("B", 10), ("C", 3))}
+    return ragged_prompts(128)
 
 
 def test_matches_transformers_on_a_ragged_chunked_batch(saved_model):
-    arch, path, hf = saved_model
+    _, path, hf = saved_model
     loaded = load_model(ModelConfig(model=path), ReferenceBackend(), BLOCK_SIZE)
-    decode_token = 11
-    ours = run_two_steps(loaded, prompts(), decode_token, BLOCK_SIZE)
-    for key, ids in prompts().items():
-        if key == "A":
-            ids = ids + [decode_token]
-        with torch.no_grad():
-            expected = hf(torch.tensor([ids])).logits[0].float()
-        assert ours[key].shape == expected.shape
-        torch.testing.assert_close(ours[key], expected, atol=1e-4, rtol=1e-4, msg=f"{arch} request {key}")
+    assert_two_steps_match(loaded, hf, prompts(), decode_token=11, block_size=BLOCK_SIZE)
 
 
 def test_loaded_model_fields(saved_model):

@@ -1,0 +1,177 @@
+"""Gemma 2 and Gemma 3 text decoders in plain torch.
+
+Same shape as llama.py (flat token batch, one PagedAttention call site per layer, q/k/v
+and gate/up fused, Hugging Face weight names), plus what Gemma adds:
+- embeddings scaled by sqrt(hidden_size) (in the model dtype, as transformers does);
+- RMSNorm with a (1 + weight) scale in float32 (OffsetRMSNorm), before and after both the
+  attention and the MLP of every layer;
+- a GeGLU MLP (gelu_pytorch_tanh(gate) * up);
+- attention scaled by query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5;
+- interleaved sliding-window and global layers (config.layer_types);
+- Gemma 2: attention logits soft-capped (attn_logit_softcapping), done by the backend kernel
+  through AttentionSpec.soft_cap; Gemma 3 does not cap them (transformers' Gemma 3 ignores
+  the field, and so do we);
+- Gemma 3: q/k RMSNorm per head, and rope parameters per layer type (a local base, e.g.
+  10k, for sliding layers, the global one with its scaling for full-attention layers);
+- both: final logits soft-capped (final_logit_softcapping; 30 for Gemma 2, none for Gemma 3).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
+from ..layers import Linear, MergedLinear, PagedAttention, RotaryEmbedding, apply_rotary, rope_parameters
+from ..layers.gelu import GeluAndMul
+from ..layers.offset_norm import OffsetRMSNorm
+from ..layers.scaled_embedding import ScaledEmbedding
+from .llama import KernelFactory, LlamaForCausalLM, head_dim_of, layer_sliding_window
+
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
+
+
+def _has_qk_norm(config: Any) -> bool:
+    return config.model_type == "gemma3_text"
+
+
+def gemma_attention_specs(config: Any, block_size: int, dtype: torch.dtype) -> list[AttentionSpec]:
+    """One AttentionSpec per layer: sliding or global, Gemma's scale, Gemma 2's soft cap."""
+    head_dim = head_dim_of(config)
+    soft_cap = getattr(config, "attn_logit_softcapping", None) if config.model_type == "gemma2" else None
+    return [AttentionSpec(num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                          head_dim=head_dim, block_size=block_size, scale=config.query_pre_attn_scalar ** -0.5,
+                          dtype=dtype, sliding_window=layer_sliding_window(config, i), soft_cap=soft_cap)
+            for i in range(config.num_hidden_layers)]
+
+
+def rope_by_layer(config: Any) -> tuple[dict[str, tuple[float, dict]], list[str]]:
+    """({rope key: (theta, scaling)}, the rope key of each layer). Gemma 3 configs hold
+    rope parameters per layer type; Gemma 2 has one set for every layer."""
+    params = getattr(config, "rope_parameters", None) or {}
+    layer_types = list(config.layer_types)
+    if "rope_theta" not in params and all(t in params for t in layer_types):
+        ropes = {t: (float(params[t]["rope_theta"]), dict(params[t])) for t in dict.fromkeys(layer_types)}
+        return ropes, layer_types
+    return {"all": rope_parameters(config)}, ["all"] * len(layer_types)
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype):
+        super().__init__()
+        spec = kernel.spec
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = MergedLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size), bias=bias,
+                                     dtype=dtype)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, dtype=dtype)
+        self.q_norm = self.k_norm = None
+        if _has_qk_norm(config):
+            self.q_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+            self.k_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+        self.attn = PagedAttention(kernel)
+        self.rotary = apply_rotary  # a backend may point this at a fused kernel with the same contract
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin).contiguous()
+        out = self.attn(q, k, v, kv_cache, meta)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config: Any, dtype: torch.dtype):
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, (size, size), bias=False, dtype=dtype)
+        self.act = GeluAndMul(config.hidden_activation)
+        self.down_proj = Linear(size, config.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Pre- and post-norms around both the attention and the MLP."""
+
+    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype):
+        super().__init__()
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
+        self.self_attn = GemmaAttention(config, kernel, dtype)
+        self.post_attention_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
+        self.mlp = GemmaMLP(config, dtype)
+        self.post_feedforward_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
+
+    def forward(self, hidden, cos, sin, kv_cache, meta):
+        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
+        hidden = hidden + self.post_attention_layernorm(attended)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+
+
+class GemmaModel(nn.Module):
+    def __init__(self, config: Any, kernels: list[AttentionKernel], dtype: torch.dtype):
+        super().__init__()
+        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, config.hidden_size ** 0.5,
+                                            dtype=dtype)
+        ropes, self.layer_rope_keys = rope_by_layer(config)
+        self.rotary_emb = nn.ModuleDict({key: RotaryEmbedding(head_dim_of(config), theta, scaling)
+                                         for key, (theta, scaling) in ropes.items()})
+        self.layers = nn.ModuleList(GemmaDecoderLayer(config, kernel, dtype) for kernel in kernels)
+        self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(self, input_ids, positions, kv_caches, meta):
+        hidden = self.embed_tokens(input_ids)
+        tables = {key: rotary(positions, hidden.dtype) for key, rotary in self.rotary_emb.items()}
+        for layer, key, kv_cache in zip(self.layers, self.layer_rope_keys, kv_caches, strict=True):
+            hidden = layer(hidden, *tables[key], kv_cache, meta)
+        return self.norm(hidden)
+
+
+class GemmaForCausalLM(nn.Module):
+    """Gemma 2 (model_type "gemma2") and Gemma 3 text ("gemma3_text"). Same contract as
+    LlamaForCausalLM: build under `with torch.device(device):`, then `load_weights`."""
+
+    def __init__(self, config: Any, make_kernel: KernelFactory, block_size: int, dtype: torch.dtype):
+        super().__init__()
+        if config.model_type not in GEMMA_MODEL_TYPES:
+            raise NotImplementedError(f"GemmaForCausalLM runs {GEMMA_MODEL_TYPES}, not {config.model_type!r}")
+        if getattr(config, "use_bidirectional_attention", False):
+            raise NotImplementedError("Gemma with use_bidirectional_attention (an embedding model) is not a "
+                                      "causal language model and is not supported")
+        self.config = config
+        self.attention_specs = gemma_attention_specs(config, block_size, dtype)
+        kernels: dict[AttentionSpec, AttentionKernel] = {}
+        for spec in self.attention_specs:
+            if spec not in kernels:
+                kernels[spec] = make_kernel(spec)
+        self.model = GemmaModel(config, [kernels[spec] for spec in self.attention_specs], dtype)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden_size] (model dtype)."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] -> float32 [N, vocab], soft-capped when the config says so."""
+        logits = self.lm_head(hidden).float()
+        cap = self.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    # Hugging Face names, fused q/k/v and gate/up, tied head: the same rules as the Llama family.
+    load_weights = LlamaForCausalLM.load_weights

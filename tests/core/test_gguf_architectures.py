@@ -1,0 +1,68 @@
+"""GGUF loading beyond the default model: for each architecture, a tiny random model
+written as a GGUF file loads here with tensors bit-identical to transformers' own GGUF
+load, and, where a native model exists, with the same logits on a ragged chunked batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf_files import GGUF_ARCHITECTURES, write_gguf
+from model_helpers import ReferenceBackend, assert_two_steps_match, ragged_prompts, randomize
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config,
+                          Qwen3Config)
+
+from switchyard.core.config import ModelConfig
+from switchyard.core.loader import load_model
+from switchyard.core.loader.gguf_weights import GGUFWeights, load_gguf_config
+from switchyard.core.models import MODEL_TYPES
+
+BLOCK_SIZE = 4
+VOCAB = 96
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6)
+CONFIGS = {  # what a GGUF's metadata can express (transformers' defaults fill in the rest)
+    "llama": lambda: LlamaConfig(**SMALL, tie_word_embeddings=False),
+    "qwen2": lambda: Qwen2Config(**SMALL, tie_word_embeddings=True),
+    # transformers reads no head_dim from a qwen3 GGUF: Qwen3's default, 128, it is
+    "qwen3": lambda: Qwen3Config(**SMALL, head_dim=128, tie_word_embeddings=False),
+    "gemma2": lambda: Gemma2Config(**SMALL, head_dim=16, sliding_window=5),
+    "gemma3_text": lambda: Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=5),
+    # nor a pad id from a phi3 one: Phi-3's default, 32000, must be a token
+    "phi3": lambda: Phi3Config(**{**SMALL, "vocab_size": 32064}, tie_word_embeddings=False),
+}
+assert set(CONFIGS) == set(GGUF_ARCHITECTURES)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def gguf_file(request, tmp_path_factory):
+    """(model type, GGUF path, transformers' own load of that GGUF)."""
+    hf = AutoModelForCausalLM.from_config(CONFIGS[request.param](), attn_implementation="eager",
+                                          dtype=torch.float32)
+    randomize(hf)
+    directory = tmp_path_factory.mktemp(f"gguf-{request.param}")
+    path = directory / f"tiny-{request.param}.gguf"
+    write_gguf(hf, str(path))
+    reference = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=path.name, dtype=torch.float32,
+                                                     attn_implementation="eager")
+    return request.param, str(path), reference.eval()
+
+
+def test_tensors_equal_transformers_gguf_load(gguf_file):
+    model_type, path, reference = gguf_file
+    config = load_gguf_config(path)
+    assert config.model_type == model_type
+    ours = dict(GGUFWeights(path, config))
+    expected = reference.state_dict()
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    assert set(ours) == set(expected)
+    for name, tensor in ours.items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, expected[name]), name
+
+
+def test_logits_equal_transformers_gguf_load(gguf_file):
+    model_type, path, reference = gguf_file
+    if model_type not in MODEL_TYPES:
+        pytest.skip(f"no native {model_type} model on this branch")
+    loaded = load_model(ModelConfig(model=path, cache_dir=""), ReferenceBackend(), BLOCK_SIZE)
+    assert_two_steps_match(loaded, reference, ragged_prompts(VOCAB, {"A": 7, "B": 12, "C": 3}), decode_token=11,
+                           block_size=BLOCK_SIZE)
