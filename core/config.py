@@ -18,6 +18,11 @@ class ModelConfig:
     # GGUF files are converted once into a Hugging Face directory kept here;
     # None = $XDG_CACHE_HOME/switchyard (~/.cache/switchyard); "" = convert in memory at every load.
     cache_dir: str | None = None
+    # Which model code runs it: "auto" (native when there is native code for the model_type,
+    # else the transformers fallback) | "native" | "transformers" (--model-impl).
+    model_impl: str = "auto"
+    # Run a checkpoint's own modeling code (config.auto_map) from its local directory.
+    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 (Hugging Face directory or cache name, GGUF file, the default model, dummy)."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -12,13 +13,15 @@ from torch import nn
 
 from ..backend import AttentionSpec, Backend
 from ..config import ModelConfig
-from ..models import model_class
+from ..models import ModelChoice, UnsupportedModelError, select_model
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
 from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
                                   load_hf_config, safetensors_files)
 from .source import ModelNotFoundError, ModelSource, default_model_path, resolve_source
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,6 +38,7 @@ class LoadedModel:
     vocab_size: int
     dtype: torch.dtype
     source: ModelSource
+    model_impl: str = "native"  # "native" | "transformers": which path runs it (models/__init__.py)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -43,18 +47,28 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_config(source: ModelSource) -> Any:
+def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     if source.kind == "named":
         return named_config(source.path)
-    return load_gguf_config(source.path) if source.kind == "gguf" else load_hf_config(source.path)
+    if source.kind == "gguf":
+        return load_gguf_config(source.path)
+    return load_hf_config(source.path, trust_remote_code)
+
+
+def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoice]:
+    """Where the model comes from, its config, and which path runs it; an architecture
+    no path runs raises UnsupportedModelError. Cheap: no weights are read."""
+    source = resolve_source(model_config)
+    hf_config = load_config(source, model_config.trust_remote_code)
+    return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
 
 
 def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> LoadedModel:
-    source = resolve_source(model_config)
-    hf_config = load_config(source)
+    source, hf_config, choice = choose_model(model_config)
+    logger.info("model %s", choice.describe())
     dtype = torch_dtype(model_config.dtype)
     with torch.device(backend.device):
-        model = model_class(hf_config)(hf_config, backend.attention, block_size, dtype)
+        model = choice.model_class(hf_config, backend.attention, block_size, dtype)
     if source.load_format == "dummy":
         fill_dummy_weights(model, model_config.seed)
     else:
@@ -64,7 +78,7 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> 
     return LoadedModel(model=model, hf_config=hf_config, attention_spec=specs[0], attention_specs=specs,
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
                        max_model_len=_max_model_len(model_config, hf_config),
-                       vocab_size=hf_config.vocab_size, dtype=dtype, source=source)
+                       vocab_size=hf_config.vocab_size, dtype=dtype, source=source, model_impl=choice.impl)
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
@@ -77,7 +91,7 @@ def load_tokenizer(model_config: ModelConfig) -> Any:
         return dummy_tokenizer(config.vocab_size, config.bos_token_id, _first(config.eos_token_id))
     if source.kind == "gguf":
         return AutoTokenizer.from_pretrained(source.directory, gguf_file=os.path.basename(source.path))
-    return AutoTokenizer.from_pretrained(source.directory)
+    return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
 
 
 def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any) -> None:
@@ -125,5 +139,5 @@ def _max_model_len(model_config: ModelConfig, hf_config: Any) -> int:
     return wanted if wanted is not None else limit
 
 
-__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelNotFoundError", "ModelSource", "default_model_path",
-           "load_config", "load_model", "load_tokenizer", "named_config", "resolve_source", "torch_dtype"]
+__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelChoice", "ModelNotFoundError", "ModelSource",
+           "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_model", "load_tokenizer", "named_config", "resolve_source", "torch_dtype"]
