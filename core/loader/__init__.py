@@ -13,7 +13,7 @@ from torch import nn
 
 from ..backend import AttentionSpec, Backend
 from ..config import ModelConfig
-from ..models import ModelChoice, UnsupportedModelError, select_model
+from ..models import ModelChoice, UnsupportedModelError, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
@@ -139,5 +139,17 @@ def _max_model_len(model_config: ModelConfig, hf_config: Any) -> int:
     return wanted if wanted is not None else limit
 
 
+def model_path_report(model: str | None, model_impl: str = "auto", trust_remote_code: bool = False,
+                      load_format: str = "auto") -> str:
+    """`switchyard models`: the supported architectures and, for a named model, its path."""
+    lines = [f"supported: {supported_summary()}"]
+    if model is not None:
+        config = ModelConfig(model=model, model_impl=model_impl, trust_remote_code=trust_remote_code,
+                             load_format=load_format)
+        lines.append(f"{model}: {choose_model(config)[2].describe()}")
+    return "\n".join(lines)
+
+
 __all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelChoice", "ModelNotFoundError", "ModelSource",
-           "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_model", "load_tokenizer", "named_config", "resolve_source", "torch_dtype"]
+           "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_model",
+           "load_tokenizer", "model_path_report", "named_config", "resolve_source", "torch_dtype"]

@@ -37,12 +37,13 @@ class ModelChoice:
     def describe(self) -> str:
         if self.impl == "native":
             return f"{self.architecture} ({self.model_type}): native ({self.model_class.__name__})"
-        return f"{self.architecture} ({self.model_type}): transformers fallback (transformers' modules, paged attention)"
+        return (f"{self.architecture} ({self.model_type}): transformers fallback "
+                "(transformers' modules, our paged attention)")
 
 
 def supported_summary() -> str:
-    return (f"native: {', '.join(sorted(MODEL_TYPES))}; any other transformers AutoModelForCausalLM "
-            "architecture through the transformers fallback (--model-impl transformers)")
+    return (f"native: {', '.join(sorted(MODEL_TYPES))}; through the transformers fallback: any other "
+            "transformers AutoModelForCausalLM architecture whose class supports custom attention functions")
 
 
 def _causal_lm_types() -> dict[str, Any]:
@@ -70,7 +71,16 @@ def _fallback_refusal(hf_config: Any, trust_remote_code: bool) -> str | None:
         return None if trust_remote_code else "needs the checkpoint's own code (pass --trust-remote-code to run it)"
     if model_type not in _causal_lm_types():
         return "is not a causal language model transformers knows (no AutoModelForCausalLM class)"
+    if not getattr(_causal_lm_class(model_type), "_supports_attention_backend", False):
+        return ("has a transformers class that does not support custom attention functions, so the "
+                "transformers fallback cannot page its KV cache")
     return None
+
+
+def _causal_lm_class(model_type: str) -> Any:
+    import transformers
+
+    return getattr(transformers, _causal_lm_types()[model_type], None)
 
 
 def architecture_name(hf_config: Any) -> str:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from model_helpers import ReferenceBackend, run_two_steps
+from model_helpers import ReferenceBackend, randomize, run_two_steps
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from switchyard.core.config import ModelConfig
@@ -33,15 +33,6 @@ def tiny_configs() -> dict:
         # a sliding window on every layer
         "mistral": MistralConfig(**SMALL, sliding_window=5, tie_word_embeddings=False),
     }
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Larger-than-default random weights (and non-unit norms), so mistakes show."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.15 * noise)
 
 
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))
