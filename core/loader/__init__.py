@@ -19,7 +19,7 @@ from .gguf_weights import GGUFWeights, load_gguf_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
 from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
                                   load_hf_config, safetensors_files)
-from .source import ModelNotFoundError, ModelSource, default_model_path, resolve_source
+from .source import ModelNotFoundError, ModelSource, default_model_path, gguf_refusals, resolve_source
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     if source.kind == "named":
         return named_config(source.path)
     if source.kind == "gguf":
-        return load_gguf_config(source.path)
+        with gguf_refusals(source.path):
+            return load_gguf_config(source.path)
     return load_hf_config(source.path, trust_remote_code)
 
 

@@ -143,3 +143,20 @@ def test_cli_models_says_which_path_a_model_takes(model_dirs, capsys):
     assert out[0].startswith(f"supported: native: {', '.join(sorted(MODEL_TYPES))}; through the transformers fallback")
     assert out[1] == f"{model_dirs['gpt2']}: GPT2LMHeadModel (gpt2): transformers fallback " \
                      "(transformers' modules, our paged attention)"
+
+
+@pytest.mark.parametrize("cache", ["", "tmp"])
+def test_a_gguf_architecture_transformers_cannot_read_is_refused(tmp_path, cache):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(tmp_path / "encoder.gguf"), arch="bert")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = ModelConfig(model=str(tmp_path / "encoder.gguf"), cache_dir="" if cache == "" else str(tmp_path / "c"))
+    with pytest.raises(UnsupportedModelError, match=r"'encoder.gguf' holds architecture 'bert', which transformers"):
+        choose_model(config)
