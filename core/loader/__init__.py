@@ -66,10 +66,9 @@ def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoi
 
 def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> LoadedModel:
     source, hf_config, choice = choose_model(model_config)
-    logger.info("model %s", choice.describe())
     dtype = torch_dtype(model_config.dtype)
-    with torch.device(backend.device):
-        model = choice.model_class(hf_config, backend.attention, block_size, dtype)
+    model, choice = _build_model(choice, hf_config, model_config.model_impl, backend, block_size, dtype)
+    logger.info("model %s", choice.describe())
     if source.load_format == "dummy":
         fill_dummy_weights(model, model_config.seed)
     else:
@@ -80,6 +79,26 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> 
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
                        max_model_len=_max_model_len(model_config, hf_config),
                        vocab_size=hf_config.vocab_size, dtype=dtype, source=source, model_impl=choice.impl)
+
+
+def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: Backend, block_size: int,
+                 dtype: torch.dtype) -> tuple[nn.Module, ModelChoice]:
+    """The model on the backend's device, weights not loaded. Native code that meets a
+    config feature it does not implement (e.g. a rope_scaling variant) hands the model to
+    the transformers fallback under model_impl="auto", and is refused under "native"."""
+    with torch.device(backend.device):
+        try:
+            return choice.model_class(hf_config, backend.attention, block_size, dtype), choice
+        except NotImplementedError as error:
+            if choice.impl != "native":
+                raise
+            if model_impl == "native":
+                raise UnsupportedModelError(f"model {choice.architecture} ({choice.model_type}): the native code "
+                                            f"does not implement this config: {error}") from None
+            logger.info("model %s: native code does not implement this config (%s); using the transformers "
+                        "fallback", choice.architecture, error)
+            fallback = select_model(hf_config, "transformers")
+            return fallback.model_class(hf_config, backend.attention, block_size, dtype), fallback
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:

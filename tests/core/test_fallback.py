@@ -11,7 +11,7 @@ from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, GPT2
 
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine import EngineCore
-from switchyard.core.loader import load_model
+from switchyard.core.loader import UnsupportedModelError, load_model
 from switchyard.core.params import SamplingParams
 from switchyard.core.request import Request
 
@@ -149,3 +149,21 @@ def test_bfloat16_fallback_gives_float32_logits(tmp_path):
     assert loaded.attention_spec.dtype == torch.bfloat16
     ours = run_two_steps(loaded, prompts(), 11, BLOCK_SIZE)
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in ours.values())
+
+
+def test_a_config_the_native_code_cannot_run_falls_back_under_auto(tmp_path):
+    """yarn rope scaling: the native Llama raises NotImplementedError; auto hands the
+    model to the fallback (which runs transformers' yarn), native refuses in one line."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+    config = LlamaConfig(**LAYERS, **IDS, num_key_value_heads=2, intermediate_size=96, rope_parameters=yarn)
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+    randomize(hf)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    loaded = load_model(ModelConfig(model=str(tmp_path)), ReferenceBackend(), BLOCK_SIZE)
+    assert loaded.model_impl == "transformers"
+    ours = run_two_steps(loaded, prompts(), 11, BLOCK_SIZE)
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompts()["B"]])).logits[0]
+    torch.testing.assert_close(ours["B"], expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(UnsupportedModelError, match=r"native code does not implement this config: .*yarn"):
+        load_model(ModelConfig(model=str(tmp_path), model_impl="native"), ReferenceBackend(), BLOCK_SIZE)
