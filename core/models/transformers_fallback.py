@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
+from ..layers import Linear
 from .errors import UnsupportedModelError
 
 ATTENTION_NAME = "switchyard_paged"
@@ -127,7 +128,23 @@ def build_hf_model(config: Any, dtype: torch.dtype) -> nn.Module:
         model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME, dtype=dtype,
                                                  trust_remote_code=trust)
     model.tie_weights()
+    adopt_linears(model)
     return model.eval()
+
+
+def adopt_linears(model: nn.Module) -> int:
+    """Swaps every plain nn.Linear for our Linear holding the same parameters (tied ones
+    stay tied), so a backend treats them as it treats native models' projections (the
+    CPU backend packs them for oneDNN). Returns how many were swapped."""
+    targets = [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
+    for name, module in targets:
+        with torch.device("meta"):
+            ours = Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        ours.weight = module.weight
+        ours.bias = module.bias
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, ours)
+    return len(targets)
 
 
 def _logit_transform(config: Any):

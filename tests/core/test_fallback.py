@@ -9,8 +9,10 @@ from model_helpers import ReferenceBackend, randomize, run_two_steps
 from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, GPT2Config, GPTNeoXConfig, GraniteConfig,
                           LlamaConfig, OPTConfig)
 
+from switchyard.backends.cpu.linear import PackedLinear, packing_supported
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine import EngineCore
+from switchyard.core.layers import Linear
 from switchyard.core.loader import UnsupportedModelError, load_model
 from switchyard.core.params import SamplingParams
 from switchyard.core.request import Request
@@ -88,6 +90,9 @@ def test_weights_are_loaded_not_left_uninitialised(saved_model):
     ours = dict(loaded.model.hf.named_parameters())
     for name, param in hf.named_parameters():
         assert torch.equal(ours[name], param), name
+    # plain nn.Linear projections became our Linear (same parameters), which backends pack
+    assert not any(type(m) is torch.nn.Linear for m in loaded.model.modules())
+    assert any(isinstance(m, Linear) for m in loaded.model.modules())
     tied = getattr(hf.config, "tie_word_embeddings", False)
     head = loaded.model.hf.get_output_embeddings().weight
     assert (head is loaded.model.hf.get_input_embeddings().weight) == tied
@@ -111,6 +116,8 @@ def test_greedy_tokens_through_the_engine_match_transformers(arch, tmp_path):
                                      cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=96),
                                      scheduler=SchedulerConfig(max_num_batched_tokens=8), backend="cpu"))
     assert engine.loaded.model_impl == "transformers"
+    if arch == "gpt_neox" and packing_supported():  # its projections were packed by the CPU backend
+        assert any(isinstance(m, PackedLinear) for m in engine.runner.model.modules())
     batch = list(prompts().values())
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     for round_ in range(2):  # the second round reuses the first one's cached prompt blocks
