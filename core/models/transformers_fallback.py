@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
-from ..layers import Linear
+from ..layers import Linear, PagedAttention
 from .errors import UnsupportedModelError
 
 ATTENTION_NAME = "switchyard_paged"
@@ -71,17 +71,18 @@ class _Step:
 
 
 class _Site:
-    """One attention module's layer index and kernel, and the owning model's step."""
+    """One attention module's layer index and call site (PagedAttention: write_kv, then
+    the kernel's forward), and the owning model's step."""
 
-    def __init__(self, layer: int, kernel: AttentionKernel, step: _Step):
-        self.layer, self.kernel, self.step = layer, kernel, step
+    def __init__(self, layer: int, attention: PagedAttention, step: _Step):
+        self.layer, self.attention, self.step = layer, attention, step
 
     def __call__(self, module, query, key, value, kwargs) -> torch.Tensor:
-        kv_cache, meta = self.step.kv_caches[self.layer], self.step.meta
-        q = query[0].transpose(0, 1).contiguous()  # [T, H, D]
-        self.kernel.write_kv(key[0].transpose(0, 1).contiguous(), value[0].transpose(0, 1).contiguous(),
-                             kv_cache, meta)
-        return self.kernel.forward(q, kv_cache, meta).unsqueeze(0)
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, D] -> [T, heads, D]
+            return x[0].transpose(0, 1).contiguous()
+
+        out = self.attention(flat(query), flat(key), flat(value), self.step.kv_caches[self.layer], self.step.meta)
+        return out.unsqueeze(0)
 
 
 @dataclass
@@ -177,10 +178,13 @@ class TransformersForCausalLM(nn.Module):
         modules, specs = self._discover(block_size, dtype)
         self.attention_specs = specs
         kernels: dict[AttentionSpec, AttentionKernel] = {}
-        for layer, (module, spec) in enumerate(zip(modules, specs)):
+        for spec in specs:
             if spec not in kernels:
                 kernels[spec] = make_kernel(spec)
-            setattr(module, _SITE_ATTR, _Site(layer, kernels[spec], self._step))
+        # the call sites, one per layer, registered here so backends find them as in native models
+        self.attention = nn.ModuleList(PagedAttention(kernels[spec]) for spec in specs)
+        for layer, module in enumerate(modules):
+            setattr(module, _SITE_ATTR, _Site(layer, self.attention[layer], self._step))
         self._transform_logits = _logit_transform(config)
 
     @torch.no_grad()

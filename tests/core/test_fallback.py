@@ -82,6 +82,8 @@ def test_attention_specs_come_from_the_modules(saved_model):
     assert [s.sliding_window for s in specs] == windows
     assert all(s.soft_cap == soft_cap and s.scale == pytest.approx(scale) for s in specs)
     assert specs[0].num_kv_heads == (2 if arch in ("granite", "cohere", "gemma2") else 4)
+    # one PagedAttention call site per layer, with the backend's kernel for its spec
+    assert [site.spec for site in loaded.model.attention] == list(specs)
 
 
 def test_weights_are_loaded_not_left_uninitialised(saved_model):
