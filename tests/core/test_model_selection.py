@@ -160,3 +160,24 @@ def test_a_gguf_architecture_transformers_cannot_read_is_refused(tmp_path, cache
     config = ModelConfig(model=str(tmp_path / "encoder.gguf"), cache_dir="" if cache == "" else str(tmp_path / "c"))
     with pytest.raises(UnsupportedModelError, match=r"'encoder.gguf' holds architecture 'bert', which transformers"):
         choose_model(config)
+
+
+def test_serve_logs_the_path_at_start(model_dirs, capsys, monkeypatch):
+    """The start log names the path before the engine is built (server and engine stubbed)."""
+    import logging
+
+    import uvicorn
+
+    import switchyard.gateway.app as app
+    import switchyard.gateway.serve as serve
+
+    monkeypatch.setattr(serve, "make_engine_client", lambda config: type("Client", (), {"startup_error": None})())
+    monkeypatch.setattr(app, "create_app", lambda settings, client: None)
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert main(["serve", "--model-id", model_dirs["gpt2"], "--port", "1"]) == 0
+    finally:
+        root.handlers[:], root.level = handlers, level
+    assert "model GPT2LMHeadModel (gpt2): transformers fallback" in capsys.readouterr().err
