@@ -21,6 +21,11 @@ class ModelConfig:
     # A chat template (a Jinja file's path, or the template text) that replaces the
     # tokenizer's own; None = the tokenizer's (a base model may have none).
     chat_template: str | None = None
+    # Which model code runs it: "auto" (native when there is native code for the model_type,
+    # else the transformers fallback) | "native" | "transformers" (--model-impl).
+    model_impl: str = "auto"
+    # Run a checkpoint's own modeling code (config.auto_map) from its local directory.
+    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,11 +48,13 @@ class LLM:
                  load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
-                 grammar: GrammarConfig | None = None, chat_template: str | None = None):
+                 grammar: GrammarConfig | None = None, chat_template: str | None = None,
+                 model_impl: str = "auto", trust_remote_code: bool = False):
         """`chat_template`: a Jinja file's path or template text, for a model without one."""
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
-                              max_model_len=max_model_len, chat_template=chat_template),
+                              max_model_len=max_model_len, chat_template=chat_template, model_impl=model_impl,
+                              trust_remote_code=trust_remote_code),
             cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks,
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),

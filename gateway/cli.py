@@ -18,6 +18,8 @@ def _add_engine_flags(parser: argparse.ArgumentParser, environ=None) -> None:
     parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV capacity in blocks (default: sized at warm-up)")
+    parser.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                        help="model code: native, the transformers fallback, or auto (native where it exists)")
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
@@ -36,7 +38,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from switchyard.core import LLM, SamplingParams
 
     llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, load_format=args.load_format,
-              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks)
+              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks, model_impl=args.model_impl,
+              trust_remote_code=args.trust_remote_code)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop or ()),
                             ignore_eos=args.ignore_eos)
@@ -46,6 +49,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         results = llm.generate(list(args.prompts), params)
     for result in results:
         print(result.text)
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from switchyard.core.loader import model_path_report
+
+    print(model_path_report(args.model, args.model_impl, args.trust_remote_code, args.load_format))
     return 0
 
 
@@ -75,8 +85,13 @@ def build_parser(environ=None) -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--stop", action="append")
     generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument("--trust-remote-code", action="store_true", help="run a checkpoint's own modeling code")
     _add_engine_flags(generate, environ)
     generate.set_defaults(run=_cmd_generate)
+    models = commands.add_parser("models", help="supported architectures; with --model-id, which path it takes")
+    models.add_argument("--trust-remote-code", action="store_true", help="run a checkpoint's own modeling code")
+    _add_engine_flags(models, environ)
+    models.set_defaults(run=_cmd_models)
     serve = commands.add_parser("serve", help="serve the OpenAI and TGI HTTP APIs")
     _add_engine_flags(serve, environ)
     add_serve_flags(serve, environ)
@@ -90,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except Exception as exc:  # noqa: BLE001 - user errors are printed, not dumped as tracebacks
         from switchyard.core.loader.source import ModelNotFoundError
+        from switchyard.core.models import UnsupportedModelError
         from switchyard.core.params import ValidationError
         from switchyard.core.plugins import BackendError
 
-        if isinstance(exc, (ValidationError, BackendError, ModelNotFoundError)):
+        if isinstance(exc, (ValidationError, BackendError, ModelNotFoundError, UnsupportedModelError)):
             print(f"switchyard: error: {exc}", file=sys.stderr)
             return 2
         raise

@@ -67,7 +67,7 @@ _SERVE_SWITCHES = [
     ("--json-output", ("JSON_OUTPUT",), "structured JSON logs"),
     ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",),
      "refuse what needs a grammar: grammar, response_format, guided_*, tool_choice required or named"),
-    ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "accepted for TGI compatibility (no remote code is run)"),
+    ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "run a checkpoint's own modeling code (config.auto_map)"),
     ("--disable-prefix-caching", ("DISABLE_PREFIX_CACHING",),
      "do not keep or reuse the KV blocks of earlier prompts (the n sequences of one prompt still share it)"),
 ]
@@ -111,7 +111,8 @@ def engine_config(args: argparse.Namespace):
         graph_batch_sizes=_graph_sizes(args.cuda_graphs),
         model=ModelConfig(model=args.model, dtype=args.dtype, load_format=args.load_format, revision=args.revision,
                           max_model_len=args.max_model_len or args.max_total_tokens,
-                          chat_template=args.chat_template),
+                          chat_template=args.chat_template, model_impl=args.model_impl,
+                          trust_remote_code=args.trust_remote_code),
         cache=cache,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
                                   max_num_seqs=args.max_batch_size, waiting_served_ratio=args.waiting_served_ratio,
@@ -180,9 +181,10 @@ def run_server(args: argparse.Namespace) -> int:
 
     configure_logging(args.json_output)
     config = engine_config(args)
-    from switchyard.core.loader.source import resolve_source
+    from switchyard.core.loader import choose_model
 
-    resolve_source(config.model)  # an unknown model is a user error before the server starts
+    # an unknown or unsupported model is a user error before the server starts
+    logger.info("model %s", choose_model(config.model)[2].describe())
     settings = server_settings(args)
     client = make_engine_client(config)
     app = create_app(settings, client)

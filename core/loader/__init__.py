@@ -2,6 +2,7 @@
 (Hugging Face directory or cache name, GGUF file, the default model, dummy)."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -13,13 +14,15 @@ from torch import nn
 from ..backend import AttentionSpec, Backend
 from ..chat_template import apply_chat_template
 from ..config import ModelConfig
-from ..models import model_class
+from ..models import ModelChoice, UnsupportedModelError, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
 from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
                                   load_hf_config, safetensors_files)
-from .source import ModelNotFoundError, ModelSource, default_model_path, resolve_source
+from .source import ModelNotFoundError, ModelSource, default_model_path, gguf_refusals, resolve_source
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,6 +39,7 @@ class LoadedModel:
     vocab_size: int
     dtype: torch.dtype
     source: ModelSource
+    model_impl: str = "native"  # "native" | "transformers": which path runs it (models/__init__.py)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -44,18 +48,28 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_config(source: ModelSource) -> Any:
+def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     if source.kind == "named":
         return named_config(source.path)
-    return load_gguf_config(source.path) if source.kind == "gguf" else load_hf_config(source.path)
+    if source.kind == "gguf":
+        with gguf_refusals(source.path):
+            return load_gguf_config(source.path)
+    return load_hf_config(source.path, trust_remote_code)
+
+
+def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoice]:
+    """Where the model comes from, its config, and which path runs it; an architecture
+    no path runs raises UnsupportedModelError. Cheap: no weights are read."""
+    source = resolve_source(model_config)
+    hf_config = load_config(source, model_config.trust_remote_code)
+    return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
 
 
 def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> LoadedModel:
-    source = resolve_source(model_config)
-    hf_config = load_config(source)
+    source, hf_config, choice = choose_model(model_config)
     dtype = torch_dtype(model_config.dtype)
-    with torch.device(backend.device):
-        model = model_class(hf_config)(hf_config, backend.attention, block_size, dtype)
+    model, choice = _build_model(choice, hf_config, model_config.model_impl, backend, block_size, dtype)
+    logger.info("model %s", choice.describe())
     if source.load_format == "dummy":
         fill_dummy_weights(model, model_config.seed)
     else:
@@ -68,7 +82,27 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> 
     return LoadedModel(model=model, hf_config=hf_config, attention_spec=specs[0], attention_specs=specs,
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
                        max_model_len=max_model_len,
-                       vocab_size=hf_config.vocab_size, dtype=dtype, source=source)
+                       vocab_size=hf_config.vocab_size, dtype=dtype, source=source, model_impl=choice.impl)
+
+
+def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: Backend, block_size: int,
+                 dtype: torch.dtype) -> tuple[nn.Module, ModelChoice]:
+    """The model on the backend's device, weights not loaded. Native code that meets a
+    config feature it does not implement (e.g. a rope_scaling variant) hands the model to
+    the transformers fallback under model_impl="auto", and is refused under "native"."""
+    with torch.device(backend.device):
+        try:
+            return choice.model_class(hf_config, backend.attention, block_size, dtype), choice
+        except NotImplementedError as error:
+            if choice.impl != "native":
+                raise
+            if model_impl == "native":
+                raise UnsupportedModelError(f"model {choice.architecture} ({choice.model_type}): the native code "
+                                            f"does not implement this config: {error}") from None
+            logger.info("model %s: native code does not implement this config (%s); using the transformers "
+                        "fallback", choice.architecture, error)
+            fallback = select_model(hf_config, "transformers")
+            return fallback.model_class(hf_config, backend.attention, block_size, dtype), fallback
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
@@ -88,7 +122,7 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
         return dummy_tokenizer(config.vocab_size, config.bos_token_id, _first(config.eos_token_id))
     if source.kind == "gguf":
         return AutoTokenizer.from_pretrained(source.directory, gguf_file=os.path.basename(source.path))
-    return AutoTokenizer.from_pretrained(source.directory)
+    return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
 
 
 def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any) -> None:
@@ -136,5 +170,17 @@ def _max_model_len(model_config: ModelConfig, hf_config: Any) -> int:
     return wanted if wanted is not None else limit
 
 
-__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelNotFoundError", "ModelSource", "default_model_path",
-           "load_config", "load_model", "load_tokenizer", "named_config", "resolve_source", "torch_dtype"]
+def model_path_report(model: str | None, model_impl: str = "auto", trust_remote_code: bool = False,
+                      load_format: str = "auto") -> str:
+    """`switchyard models`: the supported architectures and, for a named model, its path."""
+    lines = [f"supported: {supported_summary()}"]
+    if model is not None:
+        config = ModelConfig(model=model, model_impl=model_impl, trust_remote_code=trust_remote_code,
+                             load_format=load_format)
+        lines.append(f"{model}: {choose_model(config)[2].describe()}")
+    return "\n".join(lines)
+
+
+__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelChoice", "ModelNotFoundError", "ModelSource",
+           "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_model",
+           "load_tokenizer", "model_path_report", "named_config", "resolve_source", "torch_dtype"]

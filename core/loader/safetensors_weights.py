@@ -10,17 +10,44 @@ from typing import Any, Iterator
 import torch
 
 
-def load_hf_config(path: str) -> Any:
-    """A transformers config from a model directory or a config .json file."""
+def load_hf_config(path: str, trust_remote_code: bool = False) -> Any:
+    """A transformers config from a model directory or a config .json file. A model_type
+    transformers does not know is refused (UnsupportedModelError) unless the directory
+    brings its own code (config.auto_map) and the caller trusts it."""
     from transformers import AutoConfig
 
-    if os.path.isdir(path):
-        return AutoConfig.from_pretrained(path)
-    with open(path) as f:
+    config_file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{path!r} has no config.json")
+    with open(config_file) as f:
         config_dict = json.load(f)
     if "model_type" not in config_dict:
-        raise ValueError(f"{path!r} has no model_type; is it a transformers config.json?")
+        raise ValueError(f"{config_file!r} has no model_type; is it a transformers config.json?")
+    remote = _check_model_type(config_dict, trust_remote_code)
+    if os.path.isdir(path):
+        return AutoConfig.from_pretrained(path, trust_remote_code=remote)
+    if remote:
+        raise ValueError(f"{path!r}: a config with its own code loads from its model directory, not a bare file")
     return AutoConfig.for_model(**config_dict)
+
+
+def _check_model_type(config_dict: dict, trust_remote_code: bool) -> bool:
+    """Whether the config needs its own code (allowed only when trusted)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from ..models import UnsupportedModelError, supported_summary
+
+    model_type = config_dict["model_type"]
+    if model_type in CONFIG_MAPPING_NAMES:
+        return False
+    architecture = (config_dict.get("architectures") or [model_type])[0]
+    if "AutoConfig" not in (config_dict.get("auto_map") or {}):
+        raise UnsupportedModelError(f"model {architecture} ({model_type}) is an architecture neither Switchyard "
+                                    f"nor transformers knows; Switchyard runs {supported_summary()}")
+    if not trust_remote_code:
+        raise UnsupportedModelError(f"model {architecture} ({model_type}) needs the checkpoint's own code "
+                                    "(config.auto_map); pass --trust-remote-code to run it")
+    return True
 
 
 def generation_eos_token_ids(directory: str) -> Any:

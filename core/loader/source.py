@@ -6,6 +6,8 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..config import ModelConfig
@@ -84,6 +86,26 @@ def _kind_of_path(path: str) -> tuple[str, str]:
     return "gguf", ggufs[0]
 
 
+_UNREADABLE_GGUF = re.compile(r"GGUF model with architecture (\S+) is not supported yet")
+
+
+@contextmanager
+def gguf_refusals(path: str):
+    """transformers' refusal of a GGUF architecture it cannot read becomes the one-line
+    UnsupportedModelError (its GGUF mapping is what turns the file into a config)."""
+    try:
+        yield
+    except ValueError as error:
+        match = _UNREADABLE_GGUF.search(str(error))
+        if match is None:
+            raise
+        from ..models import UnsupportedModelError, supported_summary
+
+        raise UnsupportedModelError(f"GGUF file {os.path.basename(path)!r} holds architecture {match.group(1)!r}, "
+                                    f"which transformers' GGUF reader does not know; Switchyard runs "
+                                    f"{supported_summary()}") from None
+
+
 def resolve_source(model_config: ModelConfig) -> ModelSource:
     if model_config.load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {model_config.load_format!r} is not one of {LOAD_FORMATS}")
@@ -109,6 +131,7 @@ def resolve_source(model_config: ModelConfig) -> ModelSource:
     if kind == "gguf" and model_config.cache_dir != "":
         from .gguf_cache import converted_directory, default_cache_root
 
-        converted = converted_directory(path, model_config.cache_dir or default_cache_root())
+        with gguf_refusals(path):
+            converted = converted_directory(path, model_config.cache_dir or default_cache_root())
         return ModelSource("safetensors", converted, "safetensors")
     return ModelSource(kind, path, load_format)

@@ -32,6 +32,16 @@ class ReferenceBackend(Backend):
         return ReferenceAttentionKernel(spec)
 
 
+def randomize(model: torch.nn.Module, seed: int = 1) -> None:
+    """Larger-than-default random weights (and non-unit norms), so mistakes show."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            is_norm = "norm" in name or ".ln_" in name or "layer_norm" in name
+            param.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.15 * noise)
+
+
 @dataclass
 class Chunk:
     """One request's share of one step."""
@@ -72,7 +82,7 @@ def run_step(loaded, kv_caches, chunks: list[Chunk], block_size: int) -> list[to
     """Logits of every new token, split per request."""
     input_ids, positions, meta = build_step(chunks, block_size)
     hidden = loaded.model(input_ids, positions, kv_caches, meta)
-    assert hidden.shape == (len(input_ids), loaded.hf_config.hidden_size)
+    assert hidden.dim() == 2 and hidden.shape[0] == len(input_ids)  # width: what the LM head takes
     logits = loaded.model.compute_logits(hidden)
     assert logits.dtype == torch.float32
     return list(logits.split([len(c.new_token_ids) for c in chunks]))
@@ -90,15 +100,6 @@ def run_two_steps(loaded, prompts: dict[str, list[int]], decode_token: int, bloc
     la2, lb2 = run_step(loaded, kv_caches, [Chunk([decode_token], len(a), blocks["A"]),
                                             Chunk(b[half:], half, blocks["B"])], block_size)
     return {"A": torch.cat([la, la2]), "B": torch.cat([lb1, lb2]), "C": lc}
-
-
-def randomize(model: torch.nn.Module, seed: int = 1) -> None:
-    """Larger-than-default random weights (and non-unit norms), so mistakes show."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.15 * noise)
 
 
 def ragged_prompts(vocab_size: int, lengths: dict[str, int] | None = None, seed: int = 7) -> dict[str, list[int]]:
