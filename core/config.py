@@ -61,13 +61,29 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class GrammarConfig:
-    """Grammar-constrained decoding (core/grammar): which compiler, and its limits."""
+    """Grammar-constrained decoding (core/grammar): which compiler, and its limits.
+
+    Compiles run in `num_compile_workers` worker processes at low priority (`worker_nice`),
+    so a heavy grammar never takes CPU from the engine's step loop, and one that runs past
+    `compile_timeout_s` is killed with its process (never cached)."""
 
     backend: str = "xgrammar"  # "xgrammar" | "outlines" (--grammar-backend)
-    cache_size: int = 128  # compiled grammars kept per tokenizer (LRU)
-    compile_timeout_s: float = 30.0  # a slower compile fails its request alone
-    num_compile_threads: int = 1  # compiles run here, never on the step loop
+    cache_size: int = 128  # compiled grammars kept per tokenizer (LRU), at most ...
+    cache_bytes: int = 256 << 20  # ... and at most this many bytes of them (--grammar-cache-bytes)
+    # largest compiled grammar (xgrammar: its memory; outlines: its index serialized). Size grows
+    # steeply with enums: 5,000 values 0.7 MB, 10,000 values 43 MB and 3.5 s (--grammar-max-compiled-bytes)
+    max_grammar_bytes: int = 16 << 20
+    compile_timeout_s: float = 30.0  # a slower compile is killed and fails its request alone
+    max_spec_bytes: int = 256 << 10  # largest schema / regex text (--grammar-max-spec-bytes)
+    num_compile_workers: int = 1  # worker processes (threads for a compiler that cannot cross a process)
+    worker_nice: int = 10  # added niceness of the worker processes
+    use_processes: bool = True  # False: compile in threads of this process (no isolation)
+    worker_start_timeout_s: float = 120.0  # a worker importing the compiler and reading its tables
 
+    @property
+    def largest_grammar_bytes(self) -> int:
+        """A compiled grammar past this is refused: it could never stay in the cache."""
+        return min(self.max_grammar_bytes, self.cache_bytes)
 
 @dataclass(frozen=True)
 class ParallelConfig:

@@ -7,6 +7,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from switchyard.core.config import GrammarConfig
+
 from .settings import ServerSettings
 
 logger = logging.getLogger("switchyard.serve")
@@ -61,6 +63,16 @@ _SERVE_FLAGS = [
      "Jinja chat template file for chat routes (a base model has none; replaces the tokenizer's)"),
     ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
      "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
+    ("--grammar-max-spec-bytes", ("GRAMMAR_MAX_SPEC_BYTES",), int, GrammarConfig.max_spec_bytes,
+     "largest JSON schema / regex text"),
+    ("--grammar-max-compiled-bytes", ("GRAMMAR_MAX_COMPILED_BYTES",), int, GrammarConfig.max_grammar_bytes,
+     "largest compiled grammar"),
+    ("--grammar-cache-bytes", ("GRAMMAR_CACHE_BYTES",), int, GrammarConfig.cache_bytes,
+     "bytes of compiled grammars kept"),
+    ("--grammar-compile-timeout", ("GRAMMAR_COMPILE_TIMEOUT",), float, GrammarConfig.compile_timeout_s,
+     "seconds one grammar may compile; a slower one is killed and its request fails"),
+    ("--grammar-workers", ("GRAMMAR_WORKERS",), int, GrammarConfig.num_compile_workers,
+     "low-priority grammar compile processes"),
 ]
 GRAMMAR_BACKENDS = ("xgrammar", "outlines")
 _SERVE_SWITCHES = [
@@ -98,7 +110,7 @@ def _check_supported(args: argparse.Namespace) -> None:
 
 
 def engine_config(args: argparse.Namespace):
-    from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
+    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 
     _check_supported(args)
     block_size = 16
@@ -117,7 +129,10 @@ def engine_config(args: argparse.Namespace):
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
                                   max_num_seqs=args.max_batch_size, waiting_served_ratio=args.waiting_served_ratio,
                                   max_waiting_tokens=args.max_waiting_tokens),
-        grammar=GrammarConfig(backend=args.grammar_backend),
+        grammar=GrammarConfig(backend=args.grammar_backend, max_spec_bytes=args.grammar_max_spec_bytes,
+                              max_grammar_bytes=args.grammar_max_compiled_bytes, cache_bytes=args.grammar_cache_bytes,
+                              compile_timeout_s=args.grammar_compile_timeout,
+                              num_compile_workers=args.grammar_workers),
         backend=args.backend)
 
 

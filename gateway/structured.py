@@ -1,8 +1,9 @@
 """Structured output, in no dialect: what a request asks its output to be (a JSON
 schema, any JSON object, a regex, one of some strings) -> a checked `GrammarSpec`.
 
-Checked twice. At the edge: a schema against JSON Schema's 2020-12 meta-schema, a
-regex by Python's `re`. Then by the engine's compile (`compiled`), which knows what
+Checked twice. At the edge: a schema for its depth (at most MAX_SCHEMA_DEPTH levels) and
+for references outside itself (refused: nothing is ever fetched, and a backend would leave
+them unconstrained), then against JSON Schema's 2020-12 meta-schema; a regex by Python's `re`. Then by the engine's compile (`compiled`), which knows what
 its backend supports (a schema feature it lacks, a regex construct it cannot turn
 into an automaton, a compile past its time limit). Either failure is a VALIDATION
 error naming the request's param: a 400 on OpenAI routes, a 422 on TGI's.
@@ -23,6 +24,8 @@ from .settings import ServerSettings
 # characters with a meaning in a regex; everything else stands for itself (re.escape
 # also escapes spaces and other characters that some regex engines reject escaped)
 _REGEX_SPECIAL = frozenset("\\.^$*+?()[]{}|/")
+MAX_SCHEMA_DEPTH = 64  # objects and arrays nested in a schema (deeper overflows the meta-schema check)
+_REF_KEYWORDS = ("$ref", "$dynamicRef")
 
 
 def check_enabled(settings: ServerSettings, param: str) -> None:
@@ -41,12 +44,36 @@ def checked_schema(schema, param: str) -> dict | bool:
             raise invalid(f"the JSON schema is not valid JSON: {exc}", param) from exc
     if not isinstance(schema, (dict, bool)):
         raise invalid(f"a JSON schema must be an object, not {type(schema).__name__}", param)
+    _check_shape(schema, param)
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise invalid(f"invalid JSON schema{f' at {where!r}' if where else ''}: {exc.message}", param) from exc
     return schema
+
+
+def _check_shape(schema, param: str) -> None:
+    """Depth and references, walked without recursion (a deep schema must not overflow here)."""
+    stack = [(schema, (), 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise invalid(f"the JSON schema nests more than {MAX_SCHEMA_DEPTH} levels deep "
+                          f"(at {_pointer(path[:MAX_SCHEMA_DEPTH + 1])})", param)
+        if isinstance(node, dict):
+            for keyword in _REF_KEYWORDS:
+                ref = node.get(keyword)
+                if isinstance(ref, str) and not ref.startswith("#"):
+                    raise invalid(f"the JSON schema's {keyword} {ref!r} (at {_pointer(path)}) is not local: only "
+                                  "references inside the schema (\"#...\") are supported", param)
+            stack.extend((value, (*path, key), depth + 1) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((value, (*path, i), depth + 1) for i, value in enumerate(node))
+
+
+def _pointer(path: tuple) -> str:
+    return "#" + "".join(f"/{p}" for p in path)
 
 
 def schema_spec(schema, param: str) -> GrammarSpec:

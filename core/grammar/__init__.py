@@ -16,7 +16,7 @@ def make_compiler(config: GrammarConfig, tokenizer, vocab_size: int, eos_token_i
     if config.backend == "xgrammar":
         from .xgrammar_backend import XGrammarCompiler
 
-        return XGrammarCompiler(tokenizer, vocab_size, eos_token_ids, config.num_compile_threads)
+        return XGrammarCompiler(tokenizer, vocab_size, eos_token_ids)
     if config.backend == "outlines":
         from .outlines_backend import OutlinesCompiler
 

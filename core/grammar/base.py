@@ -78,18 +78,31 @@ class GrammarMatcher(ABC):
 
 
 class CompiledGrammar(ABC):
+    nbytes: int = 0  # its serialized size: what the compile cache counts against its byte bound
+
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher: ...
 
 
 class GrammarCompiler(ABC):
-    """Compiles specs for one tokenizer and logits width. Thread-safe `compile`."""
+    """Compiles specs for one tokenizer and logits width. Thread-safe `compile`.
+
+    A `portable` compiler can compile in a worker process: it pickles (its tokenizer
+    tables go over once per worker), `dump` turns what it compiled into bytes there and
+    `load` turns those bytes back into a CompiledGrammar here."""
 
     name: str
+    portable: bool = False
 
     @abstractmethod
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Raises GrammarError for an invalid or unsupported spec."""
+
+    def dump(self, compiled: CompiledGrammar) -> bytes:
+        raise NotImplementedError(f"the {self.name} grammar compiler cannot compile in a worker process")
+
+    def load(self, data: bytes) -> CompiledGrammar:
+        raise NotImplementedError(f"the {self.name} grammar compiler cannot compile in a worker process")
 
 
 _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\]\s*\S+:\d+:\s*")  # "[14:48:29] /project/cpp/x.cc:94: "
@@ -101,6 +114,13 @@ def grammar_error(spec: GrammarSpec, exc: BaseException) -> GrammarError:
     what = {"json_schema": "invalid or unsupported JSON schema", "json_object": "JSON object grammar",
             "regex": "invalid or unsupported regular expression"}[spec.kind]
     return GrammarError(f"{what}: {message}", param_of(spec))
+
+
+def check_size(spec: GrammarSpec, nbytes: int, limit: int) -> None:
+    """Refuse a compiled grammar larger than `limit` bytes."""
+    if nbytes > limit:
+        raise GrammarError(f"the compiled grammar takes {nbytes / (1 << 20):.1f} MiB, more than this server's limit "
+                           f"of {limit / (1 << 20):.1f} MiB (--grammar-max-compiled-bytes)", param_of(spec))
 
 
 def param_of(spec: GrammarSpec) -> str:

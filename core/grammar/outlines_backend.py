@@ -1,7 +1,21 @@
-"""outlines-core: a regex (JSON schemas become one) compiled into a token-level DFA index."""
+"""outlines-core: a regex (JSON schemas become one) compiled into a token-level DFA index.
+
+outlines-core (0.2.10 to 0.2.14 at least) drops every token that leaves an accepting
+state for a non-accepting one when the token ends one byte past the accepting point: its
+automaton reports matches one byte late, and the index builder reads that as "already
+matched". So `[0-9]+(\\.[0-9]+)?` refuses "." after "3" (3.14 comes out as 314) and
+`[a-z]+(-[a-z]+)*` refuses "-" after "well". The workaround: the index is built for
+`(regex)` followed by a sentinel character that no other token can write (U+10FFFF,
+a noncharacter; tokens with its lead byte 0xF4 are left out), spelled by one spare token
+id. Then no proper prefix is ever accepting and nothing is dropped; "the regex accepts
+here" is "the sentinel token leads to a final state" (the sentinel may also be a string
+character for the regex: that leads on to a non-final state). The sentinel never reaches
+a mask: where the regex accepts, the EOS tokens are allowed instead.
+"""
 from __future__ import annotations
 
 import json
+import pickle
 
 import torch
 
@@ -13,6 +27,8 @@ from .vocabulary import token_byte_map
 # Compact JSON: no free whitespace (small models otherwise loop on it until max_tokens).
 _WHITESPACE = ""
 _MAX_CACHED_STATES = 4096  # masks of 6 KiB each for a 49k vocabulary: at most 24 MiB per grammar
+SENTINEL = "\U0010ffff"
+_SENTINEL_LEAD = SENTINEL.encode()[0]
 
 
 class OutlinesMatcher(GrammarMatcher):
@@ -24,10 +40,10 @@ class OutlinesMatcher(GrammarMatcher):
         self._terminated = False
 
     def accept_token(self, token_id: int) -> bool:
-        if self._terminated:
+        if self._terminated or token_id == self._compiled.sentinel_id:
             return False
         if token_id in self._compiled.eos_token_ids:
-            if not self._guide.is_finished():
+            if not self.can_terminate:
                 return False
             self._terminated = True
             return True
@@ -44,7 +60,7 @@ class OutlinesMatcher(GrammarMatcher):
 
     @property
     def can_terminate(self) -> bool:
-        return not self._terminated and self._guide.is_finished()
+        return not self._terminated and self._compiled.accepts_at(self._guide.get_state())
 
     @property
     def is_terminated(self) -> bool:
@@ -56,41 +72,58 @@ class OutlinesCompiled(CompiledGrammar):
     allowed token (milliseconds for a state inside a JSON string), and generation
     revisits the same few states over and over."""
 
-    def __init__(self, index, eos_token_ids: tuple[int, ...], eos_words: torch.Tensor):
+    def __init__(self, index, compiler: OutlinesCompiler):
         self.index = index
-        self.eos_token_ids = frozenset(eos_token_ids)
-        self.eos_words = eos_words
+        self.eos_token_ids = frozenset(compiler.eos_token_ids)
+        self.sentinel_id = compiler.sentinel_id
+        self._eos_words = compiler.eos_words
+        self._sentinel_words = compiler.sentinel_words
+        self._final_states = frozenset(index.get_final_states())
         self._state_masks: dict[int, torch.Tensor] = {}  # bounded by _MAX_CACHED_STATES
 
     def new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
 
+    def accepts_at(self, state: int) -> bool:
+        """Whether the regex accepts the output that led to `state`."""
+        return self.index.get_next_state(state, self.sentinel_id) in self._final_states
+
     def state_mask(self, guide) -> torch.Tensor:
         state = guide.get_state()
         mask = self._state_masks.get(state)
         if mask is None:
-            mask = torch.zeros_like(self.eos_words)
+            mask = torch.zeros_like(self._eos_words)
             guide.write_mask_into(mask.data_ptr(), mask.numel(), 4)
-            if guide.is_finished():  # every EOS id, not only the one outlines knows
-                mask |= self.eos_words
-            else:
-                mask &= ~self.eos_words
+            mask &= ~(self._sentinel_words | self._eos_words)
+            if self.accepts_at(state):  # every EOS id, not only the one outlines knows
+                mask |= self._eos_words
             if len(self._state_masks) < _MAX_CACHED_STATES:  # dict writes are atomic under the GIL
                 self._state_masks[state] = mask
         return mask
 
 
 class OutlinesCompiler(GrammarCompiler):
+    """Portable: it pickles (the vocabulary included), and so does a compiled index."""
+
     name = "outlines"
+    portable = True
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
         import outlines_core
 
         if not eos_token_ids:
             raise ValueError("the outlines grammar backend needs an end-of-sequence token id")
-        self._vocabulary = outlines_core.Vocabulary(eos_token_ids[0], token_byte_map(tokenizer, vocab_size))
-        self._eos_token_ids = eos_token_ids
-        self._eos_words = token_words(eos_token_ids, vocab_size)
+        tokens = {data: ids for data, ids in token_byte_map(tokenizer, vocab_size).items()
+                  if _SENTINEL_LEAD not in data}
+        used = {i for ids in tokens.values() for i in ids} | set(eos_token_ids)
+        self.sentinel_id = next((i for i in range(vocab_size) if i not in used), None)
+        if self.sentinel_id is None:
+            raise ValueError("the outlines grammar backend needs one token id outside the text vocabulary")
+        tokens[SENTINEL.encode()] = [self.sentinel_id]
+        self._vocabulary = outlines_core.Vocabulary(eos_token_ids[0], tokens)
+        self.eos_token_ids = eos_token_ids
+        self.eos_words = token_words(eos_token_ids, vocab_size)
+        self.sentinel_words = token_words([self.sentinel_id], vocab_size)
 
     def compile(self, spec: GrammarSpec) -> OutlinesCompiled:
         import outlines_core
@@ -103,10 +136,18 @@ class OutlinesCompiler(GrammarCompiler):
             else:
                 schema = spec.value if spec.kind == "json_schema" else json.dumps({"type": "object"})
                 regex = build_regex_from_schema(schema, whitespace_pattern=_WHITESPACE)
-            index = outlines_core.Index(regex, self._vocabulary)
+            index = outlines_core.Index(f"({regex}){SENTINEL}", self._vocabulary)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise grammar_error(spec, exc) from None
-        return OutlinesCompiled(index, self._eos_token_ids, self._eos_words)
+        return OutlinesCompiled(index, self)
+
+    def dump(self, compiled: OutlinesCompiled) -> bytes:
+        return pickle.dumps(compiled.index)
+
+    def load(self, data: bytes) -> OutlinesCompiled:
+        compiled = OutlinesCompiled(pickle.loads(data), self)  # noqa: S301 - bytes from our own worker
+        compiled.nbytes = len(data)
+        return compiled
 
 
 def strip_anchors(pattern: str) -> str:

@@ -1,67 +1,77 @@
-"""Compiles grammars off the step loop: a bounded LRU cache keyed by spec, worker
-threads, and a time limit that fails only the request that asked.
+"""Compiles grammars off the step loop, isolated and bounded.
 
-`compile(spec)` returns a concurrent.futures.Future at once: already resolved on a
-cache hit, else resolved by a worker. A compile that runs past `compile_timeout_s`
-fails its future with GrammarError; its worker is written off (a native compile cannot
-be interrupted) and a fresh worker takes its place, so one slow grammar never holds up
-the others. When the written-off compile does finish, its result replaces the timeout
-in the cache, so a retry of the same spec then succeeds at once.
+`compile(spec)` returns a concurrent.futures.Future at once: already resolved on a cache
+hit (or for a spec over `max_spec_bytes`), else resolved by a slot. Each of the
+`num_compile_workers` slots is a thread that hands one spec at a time to its executor:
+a low-priority worker process for a portable compiler (executors.py), else a thread.
+Waiting specs are taken smallest first, so a trivial schema never queues behind heavy
+ones for more than the one compile in progress. A compile past `compile_timeout_s`
+fails its future with GrammarError and its worker process is killed; its result is
+never cached, so a retry compiles afresh. Compiled grammars are cached by spec, LRU,
+bounded in entries and bytes (cache.py); one larger than the whole byte bound is
+refused. `shutdown()` (and interpreter exit) kills the worker processes.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-import queue
 import threading
-from collections import OrderedDict
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..config import GrammarConfig
-from .base import CompiledGrammar, GrammarCompiler, param_of
+from .base import CompiledGrammar, GrammarCompiler, check_size, param_of
+from .cache import GrammarCache
+from .executors import CompileTimeout, ProcessExecutor, ThreadExecutor, WorkerStartError
 from .spec import GrammarError, GrammarSpec
 
 logger = logging.getLogger(__name__)
 
 
-class _Worker:
-    def __init__(self) -> None:
-        self.written_off = False
-
-
 class GrammarCompileService:
     """One per engine (and so per tokenizer). Thread-safe. `make_compiler` runs on the
-    first worker, so building the tokenizer tables never holds up the caller either."""
+    first slot, so building the tokenizer tables never holds up the caller either."""
 
     def __init__(self, make_compiler: Callable[[], GrammarCompiler], config: GrammarConfig = GrammarConfig()):
         self.config = config
         self._make_compiler = make_compiler
         self._compiler: GrammarCompiler | None = None
-        self._lock = threading.Lock()  # the cache and the worker count
+        self._lock = threading.Condition()  # the cache, the queue, the slots
         self._compiler_lock = threading.Lock()
-        self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._num_workers = 0
+        self._cache = GrammarCache(config.cache_size, config.cache_bytes)
+        self._queue: list[tuple[int, int, GrammarSpec, Future]] = []  # heap: (size, order, spec, future)
+        self._order = itertools.count()
+        self._num_slots = 0
+        self._closed = False
+        self._executors: list = []  # the slots' executors, for shutdown
+        self._finalizer = weakref.finalize(self, _close_all, self._executors)
         self.num_hits = 0
         self.num_misses = 0
         self.num_timeouts = 0
 
     def compile(self, spec: GrammarSpec) -> Future:
         """A future of the CompiledGrammar (or of a GrammarError)."""
+        size = len(spec.value.encode())
+        if size > self.config.max_spec_bytes:
+            return _failed(GrammarError(f"the {_what(spec)} is {size} bytes, more than this server's limit of "
+                                        f"{self.config.max_spec_bytes} (--grammar-max-spec-bytes)", param_of(spec)))
         with self._lock:
+            if self._closed:
+                return _failed(GrammarError("the grammar compiler is shut down", param_of(spec)))
             future = self._cache.get(spec)
             if future is not None:
-                self._cache.move_to_end(spec)
                 self.num_hits += 1
                 return future
             self.num_misses += 1
             future = Future()
-            self._cache[spec] = future
-            while len(self._cache) > max(1, self.config.cache_size):
-                self._cache.popitem(last=False)
-            if self._num_workers < max(1, self.config.num_compile_threads):
-                self._start_worker()
-        self._jobs.put((spec, future))
+            self._cache.add(spec, future)
+            heapq.heappush(self._queue, (size, next(self._order), spec, future))
+            if self._num_slots < max(1, self.config.num_compile_workers):
+                self._num_slots += 1
+                threading.Thread(target=self._serve_slot, name="switchyard-grammar", daemon=True).start()
+            self._lock.notify()
         return future
 
     def __contains__(self, spec: GrammarSpec) -> bool:
@@ -72,69 +82,115 @@ class GrammarCompileService:
         with self._lock:
             return len(self._cache)
 
-    def shutdown(self) -> None:
-        for _ in range(self._num_workers):
-            self._jobs.put(None)
-
-    # -- workers ------------------------------------------------------------------------
-    def _start_worker(self) -> None:  # under self._lock
-        self._num_workers += 1
-        threading.Thread(target=self._work, args=(_Worker(),), name="switchyard-grammar", daemon=True).start()
-
-    def _work(self, worker: _Worker) -> None:
-        while not worker.written_off:
-            job = self._jobs.get()
-            if job is None:
-                return
-            spec, future = job
-            if future.done() or not future.set_running_or_notify_cancel():
-                continue
-            self._run(worker, spec, future)
-
-    def _run(self, worker: _Worker, spec: GrammarSpec, future: Future) -> None:
-        try:
-            compiler = self._get_compiler()
-        except BaseException as exc:  # noqa: BLE001 - handed to every request that asks
-            future.set_exception(GrammarError(f"the grammar compiler could not start: {exc}", param_of(spec)))
-            return
-        timer = threading.Timer(self.config.compile_timeout_s, self._expire, (worker, spec, future))
-        timer.daemon = True
-        timer.start()
-        try:
-            result: CompiledGrammar | BaseException = compiler.compile(spec)
-        except BaseException as exc:  # noqa: BLE001 - GrammarError, or a compiler bug: fail the request
-            result = exc if isinstance(exc, GrammarError) else GrammarError(
-                f"the grammar could not be compiled: {exc}", param_of(spec))
-        timer.cancel()
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the cached compiled grammars take (their serialized size)."""
         with self._lock:
-            if not future.done():
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-            elif not isinstance(result, BaseException) and self._cache.get(spec) is future:
-                self._cache[spec] = _resolved(result)  # timed out, finished late: keep it for retries
+            return self._cache.nbytes
 
-    def _get_compiler(self) -> GrammarCompiler:
+    @property
+    def worker_pids(self) -> list[int]:
+        """The live worker processes (none in thread mode)."""
+        return [e.pid for e in list(self._executors) if getattr(e, "pid", None) is not None]
+
+    def shutdown(self) -> None:
+        """Kill the worker processes and fail what is still waiting. Idempotent."""
+        with self._lock:
+            self._closed = True
+            waiting = [future for _, _, _, future in self._queue] + self._cache.pending()
+            self._queue.clear()
+            self._lock.notify_all()
+        for future in waiting:
+            _settle(future, GrammarError("the grammar compiler was shut down", "grammar"))
+        self._finalizer()
+
+    # -- slots --------------------------------------------------------------------------
+    def _serve_slot(self) -> None:
+        executor = None
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                _, _, spec, future = heapq.heappop(self._queue)
+                if future.done() or not future.set_running_or_notify_cancel():
+                    continue
+            try:
+                executor = executor or self._new_executor()
+            except BaseException as exc:  # noqa: BLE001 - handed to every request that asks
+                self._finish(spec, future, GrammarError(f"the grammar compiler could not start: {exc}",
+                                                        param_of(spec)))
+                continue
+            self._finish(spec, future, self._run(executor, spec))
+            executor.prestart()  # a worker killed at its time limit is replaced while idle
+
+    def _new_executor(self):
         with self._compiler_lock:
             if self._compiler is None:
                 self._compiler = self._make_compiler()
-            return self._compiler
-
-    def _expire(self, worker: _Worker, spec: GrammarSpec, future: Future) -> None:
+        compiler = self._compiler
+        if compiler.portable and self.config.use_processes:
+            executor = ProcessExecutor(compiler, self.config)
+        else:
+            executor = ThreadExecutor(compiler)
         with self._lock:
-            if future.done():
-                return
-            self.num_timeouts += 1
-            worker.written_off = True
-            self._num_workers -= 1
-            self._start_worker()
-            future.set_exception(GrammarError(
-                f"compiling the grammar took longer than {self.config.compile_timeout_s:g} s", param_of(spec)))
-        logger.warning("grammar compile timed out after %.3g s (%s)", self.config.compile_timeout_s, spec.kind)
+            if self._closed:
+                raise RuntimeError("shut down")
+            self._executors.append(executor)
+        return executor
+
+    def _run(self, executor, spec: GrammarSpec) -> CompiledGrammar | GrammarError:
+        timeout_s = self.config.compile_timeout_s
+        try:
+            compiled = executor.run(spec, timeout_s)
+        except GrammarError as exc:
+            return exc
+        except WorkerStartError as exc:
+            return GrammarError(f"the grammar compiler could not start: {exc}", param_of(spec))
+        except CompileTimeout:
+            with self._lock:
+                self.num_timeouts += 1
+            logger.warning("grammar compile killed after %.3g s (%s, %d bytes)", timeout_s, spec.kind, len(spec.value))
+            return _TimedOut(f"compiling the grammar took longer than {timeout_s:g} s", param_of(spec))
+        try:
+            check_size(spec, compiled.nbytes, self.config.largest_grammar_bytes)  # in thread mode; a worker checks before sending
+        except GrammarError as exc:
+            return exc
+        return compiled
+
+    def _finish(self, spec: GrammarSpec, future: Future, result) -> None:
+        with self._lock:
+            if isinstance(result, _TimedOut):
+                self._cache.drop(spec, future)
+            _settle(future, result)
+            if not isinstance(result, BaseException):
+                self._cache.resolved(spec, future, result.nbytes)
 
 
-def _resolved(value) -> Future:
+class _TimedOut(GrammarError):
+    """A compile killed at its time limit: failed, and not cached."""
+
+
+def _settle(future: Future, result) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _failed(error: GrammarError) -> Future:
     future: Future = Future()
-    future.set_result(value)
+    future.set_exception(error)
     return future
+
+
+def _what(spec: GrammarSpec) -> str:
+    return "regular expression" if spec.kind == "regex" else "JSON schema"
+
+
+def _close_all(executors: list) -> None:
+    for executor in executors:
+        executor.shutdown()

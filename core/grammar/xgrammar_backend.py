@@ -44,15 +44,43 @@ class XGrammarCompiled(CompiledGrammar):
 
 
 class XGrammarCompiler(GrammarCompiler):
-    name = "xgrammar"
+    """Portable: the tokenizer info crosses to a worker as xgrammar's JSON, and a compiled
+    grammar comes back as its JSON (deserializing measured 2x faster than even a small
+    compile, and far faster than a large one)."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...], num_threads: int = 1):
+    name = "xgrammar"
+    portable = True
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
         import xgrammar
 
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                       stop_token_ids=list(eos_token_ids))
+        self._setup(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                            stop_token_ids=list(eos_token_ids)))
+
+    def _setup(self, info) -> None:
+        import xgrammar
+
+        self._info = info
         # Our own LRU (GrammarCompileService) bounds the cache; xgrammar's would be a second one.
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=num_threads, cache_enabled=False)
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def __getstate__(self) -> dict:
+        return {"info": self._info.serialize_json()}
+
+    def __setstate__(self, state: dict) -> None:
+        import xgrammar
+
+        self._setup(xgrammar.TokenizerInfo.deserialize_json(state["info"]))
+
+    def dump(self, compiled: XGrammarCompiled) -> bytes:
+        return compiled._compiled.serialize_json().encode()
+
+    def load(self, data: bytes) -> XGrammarCompiled:
+        import xgrammar
+
+        compiled = XGrammarCompiled(xgrammar.CompiledGrammar.deserialize_json(data.decode(), self._info))
+        compiled.nbytes = len(data)
+        return compiled
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         check_schema_support(spec, XGRAMMAR_UNSUPPORTED, self.name)
@@ -67,4 +95,6 @@ class XGrammarCompiler(GrammarCompiler):
                 compiled = self._compiler.compile_regex(spec.value)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise grammar_error(spec, exc) from None
-        return XGrammarCompiled(compiled)
+        result = XGrammarCompiled(compiled)
+        result.nbytes = compiled.memory_size_bytes
+        return result

@@ -58,9 +58,11 @@ class ToolPlan:
             return GrammarSpec.json_schema(self._tool(self.named).parameters)
         if self.mode != "required":
             return None
-        calls = [_call_schema(tool) for tool in self.tools]
+        defs: dict = {}
+        calls = [_call_schema(tool, defs) for tool in self.tools]
         one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        return GrammarSpec.json_schema({"type": "array", "items": one, "minItems": 1} if self.parallel else one)
+        schema = {"type": "array", "items": one, "minItems": 1} if self.parallel else one
+        return GrammarSpec.json_schema({**schema, "$defs": defs} if defs else schema)
 
     def _tool(self, name: str) -> Tool:
         return next(tool for tool in self.tools if tool.name == name)
@@ -72,9 +74,38 @@ class ToolPlan:
                 for t in self.tools]
 
 
-def _call_schema(tool: Tool) -> dict:
-    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+def _call_schema(tool: Tool, defs: dict) -> dict:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": _arguments(tool, defs)},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _arguments(tool: Tool, defs: dict) -> dict:
+    """A tool's parameters inside the calls schema. Parameters with local references
+    (pydantic's nested models: `$defs` + `"$ref": "#/$defs/Inner"`) move to the root's
+    `$defs` under the tool's name, their references rebased there, since "#" is now the
+    calls schema's root."""
+    if not _has_local_ref(tool.parameters):
+        return tool.parameters
+    base = "#/$defs/" + tool.name.replace("~", "~0").replace("/", "~1")
+    defs[tool.name] = _rebased(tool.parameters, base)
+    return {"$ref": base}
+
+
+def _has_local_ref(node) -> bool:
+    if isinstance(node, dict):
+        return any(k == "$ref" and isinstance(v, str) and v.startswith("#") or _has_local_ref(v)
+                   for k, v in node.items())
+    return isinstance(node, list) and any(_has_local_ref(v) for v in node)
+
+
+def _rebased(node, base: str):
+    """A copy of `node` with each local `$ref` "#<pointer>" made "<base><pointer>"."""
+    if isinstance(node, dict):
+        return {k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebased(v, base)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rebased(v, base) for v in node]
+    return node
 
 
 def tool_plan(req: ChatCompletionRequest, settings: ServerSettings) -> ToolPlan | None:

@@ -9,7 +9,7 @@ import pytest
 from switchyard.core import LLM, SamplingParams
 from switchyard.core.client import InProcessEngineClient
 from switchyard.core.config import GrammarConfig
-from switchyard.core.grammar import GrammarCompileService, GrammarError, GrammarSpec, make_compiler
+from switchyard.core.grammar import GrammarCompileService, GrammarCompiler, GrammarError, GrammarSpec, make_compiler
 from switchyard.core.request import FinishReason, Request
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,8 @@ def test_abort_drops_the_matcher_and_the_waiting_request(llm):
     engine.add_request(Request("a1", prompt(llm), SamplingParams(max_tokens=30, grammar=spec)))
     engine.add_request(Request("a2", prompt(llm), SamplingParams(max_tokens=30, grammar=GrammarSpec.regex("[0-9]{40}"))))
     engine.finish_request("a2")  # possibly still compiling
-    for _ in range(3):
+    deadline = time.monotonic() + 120  # the first compile starts the worker process
+    while "a1" not in engine.constrained and time.monotonic() < deadline:
         engine.step()
     assert "a1" in engine.constrained
     engine.finish_request("a1")
@@ -98,8 +99,11 @@ def test_offline_generate_raises_the_grammar_error(llm):
     assert llm.generate("Hello", SamplingParams(max_tokens=3, temperature=0.0))[0].token_ids  # still serves
 
 
-class SlowCompiler:
-    """The real compiler, but regexes starting with "slow" take `delay_s` first."""
+class SlowCompiler(GrammarCompiler):
+    """The real compiler, but regexes starting with "slow" take `delay_s` first (in a
+    thread: it cannot cross to a worker process)."""
+
+    name = "slow"
 
     def __init__(self, inner, delay_s):
         self.inner, self.delay_s = inner, delay_s
@@ -114,7 +118,7 @@ class SlowCompiler:
 def client(llm):
     engine = llm.engine
     saved = engine.grammar_service
-    config = GrammarConfig(compile_timeout_s=1.0, num_compile_threads=1)
+    config = GrammarConfig(compile_timeout_s=1.0, num_compile_workers=1)
     inner = make_compiler(config, llm.tokenizer, engine.loaded.vocab_size, engine.info.eos_token_ids)
     engine.grammar_service = GrammarCompileService(lambda: SlowCompiler(inner, delay_s=3.0), config)
     client = InProcessEngineClient(lambda: (engine, llm.tokenizer), warm_up=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from switchyard.core.config import GrammarConfig
 from switchyard.core.params import ValidationError
 from switchyard.gateway.cli import build_parser
 from switchyard.gateway.serve import engine_config, server_settings
@@ -83,3 +84,12 @@ def test_grammar_backend_reaches_the_engine_config():
     assert engine_config(_parse(environ={"GRAMMAR_BACKEND": "outlines"})).grammar.backend == "outlines"
     with pytest.raises(ValidationError):
         engine_config(_parse(["--grammar-backend", "lark"]))
+
+
+def test_grammar_limits_reach_the_engine_config():
+    assert engine_config(_parse()).grammar == GrammarConfig()
+    grammar = engine_config(_parse(["--grammar-max-spec-bytes", "1000", "--grammar-compile-timeout", "2.5",
+                                    "--grammar-cache-bytes", "9000000", "--grammar-workers", "2"],
+                                   {"GRAMMAR_MAX_COMPILED_BYTES": "4000000"})).grammar
+    assert (grammar.max_spec_bytes, grammar.compile_timeout_s, grammar.cache_bytes, grammar.num_compile_workers,
+            grammar.max_grammar_bytes) == (1000, 2.5, 9_000_000, 2, 4_000_000)

@@ -214,6 +214,13 @@ def test_inference_client_chat_completion_with_response_format(server):
 
 
 # -- errors ------------------------------------------------------------------------------------------
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
 BAD_SCHEMAS = [
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}, "invalid JSON schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}, "missing"),
@@ -222,6 +229,14 @@ BAD_SCHEMAS = [
     # valid JSON Schema, but xgrammar would ignore `not`: refused rather than not enforced
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "not": {"const": 3}}}},
      "keyword 'not' (at #) is not supported"),
+    # deeper than the meta-schema check can recurse: a 4xx, not a RecursionError
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(120)}}, "nests more than 64 levels"),
+    # a reference outside the schema is never fetched, nor left unconstrained
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "https://example.com/s.json"}}},
+     "'https://example.com/s.json' (at #) is not local"),
+    # past --grammar-max-spec-bytes: refused before any compile
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": [f"v{i:07d}" for i in range(30000)]}}},
+     "more than this server's limit of 262144"),
 ]
 
 

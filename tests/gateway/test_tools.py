@@ -363,3 +363,34 @@ def test_sdk_parse_with_a_strict_pydantic_tool(server):
         parallel_tool_calls=False, temperature=0, max_tokens=30)
     call, = completion.choices[0].message.tool_calls
     assert isinstance(call.function.parsed_arguments, GetWeather) and call.function.name == "GetWeather"
+
+
+def test_required_tools_with_pydantic_nested_models_are_enforced(server):
+    """pydantic writes nested models as `$defs` + `$ref`: inside the calls schema the refs
+    are rebased, so the grammar compiles (it was a 400) and enforces the nested model."""
+    from pydantic import BaseModel
+
+    class Address(BaseModel):
+        city: str
+        zip_code: int
+
+    class SaveContact(BaseModel):
+        name: str
+        home: Address
+
+    tool = openai.pydantic_function_tool(SaveContact)
+    assert "$defs" in tool["function"]["parameters"]
+    for parallel in (True, False):
+        completion = _sdk(server).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Save Ann, who lives in Paris 75001."}],
+            tools=[tool, WEATHER], tool_choice="required", parallel_tool_calls=parallel, temperature=0,
+            max_tokens=80)
+        calls = completion.choices[0].message.tool_calls
+        assert completion.choices[0].finish_reason == "tool_calls" and calls
+        for call in calls:
+            _args(call, tool if call.function.name == "SaveContact" else WEATHER)
+    schema = _plan(tools=[tool, WEATHER], tool_choice="required").grammar.schema
+    jsonschema.validate([{"name": "SaveContact", "arguments": {"name": "A", "home": {"city": "P", "zip_code": 1}}}],
+                        schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "SaveContact", "arguments": {"name": "A", "home": {"city": "P"}}}], schema)
