@@ -342,7 +342,11 @@ class InProcessEngineClient(EngineClient):
             if out.finished:
                 del self._streams[out.request_id]
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed (its server stopped): nobody reads these
+                for stream, _ in items:
+                    self._abort_request(stream.request_id)
 
     def _step_stats(self, duration_s: float) -> StepStats:
         scheduler = self.engine.scheduler

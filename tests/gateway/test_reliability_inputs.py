@@ -186,3 +186,16 @@ def test_chat_tokenize_requires_the_api_key_and_open_routes_stay_open(start_serv
         assert authorized.status_code == 200 and authorized.json()["tokenize_response"]
         for path in ("/health", "/ping", "/metrics", "/info", "/version", "/openapi.json"):
             assert http.get(path).status_code == 200, path
+
+
+# -- start-up flags ----------------------------------------------------------------------
+def test_max_batch_total_tokens_below_max_total_tokens_is_refused_at_start():
+    from switchyard.core.params import ValidationError
+    from switchyard.gateway.cli import build_parser
+    from switchyard.gateway.serve import engine_config
+
+    parse = build_parser(environ={}).parse_args
+    with pytest.raises(ValidationError, match=r"--max-batch-total-tokens \(512\) must be at least --max-total-tokens"):
+        engine_config(parse(["serve", "--max-batch-total-tokens", "512", "--max-total-tokens", "1024"]))
+    config = engine_config(parse(["serve", "--max-batch-total-tokens", "1024", "--max-total-tokens", "1024"]))
+    assert config.cache.num_blocks == 1024 // 16 + 1
