@@ -11,19 +11,13 @@ import signal
 import threading
 import time
 
-from dataclasses import dataclass
-
 import aiohttp
 import httpx
 import pytest
-import uvicorn
 
-from switchyard.core.client import InProcessEngineClient
-from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.gateway.app import create_app
+from reliability_servers import serve_draining, start_tiny
+
 from switchyard.gateway.drain import SHUTDOWN_MESSAGE
-from switchyard.gateway.serve import DrainingServer
-from switchyard.gateway.settings import ServerSettings
 
 LONG_CHAT = {"model": "default", "stream": True, "max_tokens": 400, "ignore_eos": True,
              "messages": [{"role": "user", "content": "Tell a long story."}]}
@@ -42,6 +36,12 @@ def _greedy(base_url: str) -> str:
     response = httpx.post(base_url + "/v1/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    with start_tiny(max_concurrent_requests=500) as server:
+        yield server
 
 
 def test_metrics_are_true_when_idle_after_an_abort(start_server):
@@ -70,69 +70,11 @@ def test_metrics_are_true_when_idle_after_an_abort(start_server):
 
 
 # -- SIGTERM -----------------------------------------------------------------------------
-def _serve_draining(engine_client, grace_s: float = 2.0, **settings):
-    """A real uvicorn server as `switchyard serve` runs it (DrainingServer), on its own thread."""
-    app = create_app(ServerSettings(model_id="default", graceful_shutdown_s=grace_s, **settings), engine_client)
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=grace_s)
-    server = DrainingServer(config, app.state.drain)
-    server.install_signal_handlers = lambda: None  # not the main thread: the test sends the "signal"
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
-@dataclass
-class TinyServer:
-    base_url: str
-    app: object
-    client: InProcessEngineClient
-
-    def wait_idle(self, timeout: float = 60.0) -> None:
-        pool = self.client.engine.scheduler.kv_cache_manager.block_pool
-        deadline = time.monotonic() + timeout
-        while self.client.engine.has_unfinished_requests() or pool.num_free_blocks != pool.num_usable_blocks:
-            assert time.monotonic() < deadline, f"not idle: {pool.num_usable_blocks - pool.num_free_blocks} blocks"
-            time.sleep(0.02)
-
-
-def _tiny_engine():
-    from switchyard.core.engine import EngineCore
-    from switchyard.core.loader import load_tokenizer
-
-    config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy"),
-                          cache=CacheConfig(num_blocks=4096),
-                          scheduler=SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256))
-    tokenizer = load_tokenizer(config.model)
-    return EngineCore(config, tokenizer=tokenizer), tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """A random-weight toy Llama behind a real server: load tests measure the gateway and
-    the scheduler's accounting, not the speed of a model on a shared CPU."""
-    client = InProcessEngineClient(_tiny_engine)
-    client.start()
-    asyncio.run(client.wait_ready(timeout=120))
-    server, thread, url = _serve_draining(client, max_concurrent_requests=500)
-    yield TinyServer(url, server.config.app, client)
-    server.should_exit = True
-    thread.join(10)
-    client._commands.put(("stop", None, None))
-
-
 @pytest.mark.slow
 def test_sigterm_ends_open_streams_with_an_error_event_in_their_dialect(engine_client, server):
     server.wait_idle()
     grace_s = 3.0
-    draining, thread, url = _serve_draining(engine_client, grace_s)
+    draining, thread, url = serve_draining(engine_client, grace_s)
     results: dict[str, list] = {}
     started = threading.Barrier(3)
 
