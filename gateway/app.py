@@ -50,10 +50,10 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
-    if settings.cors_allow_origin:
+    app.state.drain = _install_body_checks(app, settings)
+    if settings.cors_allow_origin:  # outermost: the guard's own errors carry CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_allow_origin),
                            allow_methods=["*"], allow_headers=["*"])
-    app.state.drain = _install_body_checks(app, settings)
     _install_error_handlers(app)
     _install_common_routes(app, service, metrics)
     from .openai.routes import router as openai_router
@@ -89,9 +89,9 @@ def require_api_key(request: Request) -> None:
 
 
 def _install_body_checks(app: FastAPI, settings: ServerSettings) -> Drain:
-    """Outermost first: streams end at the drain deadline; bodies are checked (size, UTF-8,
-    depth, surrogates) before any route, CORS or auth runs; a route's escaped exception
-    is a 500 in its dialect."""
+    """Outermost first (inside CORS): streams end at the drain deadline; bodies are checked
+    (size, UTF-8, depth, surrogates) before any route or auth runs; a route's escaped
+    exception is a 500 in its dialect."""
     drain = Drain(settings.graceful_shutdown_s)
     app.add_middleware(InternalErrors)
     app.add_middleware(BodyGuard, limit=settings.payload_limit)
@@ -135,12 +135,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = _HTTP_MESSAGES.get(exc.status_code, message)
         error = from_http_status(exc.status_code, message, dict(exc.headers or {}) or None)
         return error.render(dialect_for_path(request.url.path))
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
-        # the log has the traceback; the client gets no exception class or internals
-        logger.exception("unhandled error on %s", request.url.path)
-        return GatewayError(ErrorKind.INTERNAL, "internal error").render(dialect_for_path(request.url.path))
+    # an exception a route lets escape: errors.InternalErrors (a middleware) renders it
 
 
 _HTTP_MESSAGES = {404: "no such route", 400: "the body could not be read"}

@@ -48,7 +48,8 @@ SURROGATE_CASES = [
     ("/tokenize", '{"inputs": %s}' % LONE, "inputs"),
     ("/tokenize", '{"prompt": %s}' % LONE, "prompt"),
     ("/invocations", '{"inputs": %s}' % LONE, "inputs"),
-    ("/chat_tokenize", '{"model": "default", "messages": [{"role": "user", "content": %s}]}' % LONE, "messages.0.content"),
+    ("/chat_tokenize", '{"model": "default", "messages": [{"role": "user", "content": %s}]}' % LONE,
+     "messages.0.content"),
 ]
 
 
@@ -199,3 +200,38 @@ def test_max_batch_total_tokens_below_max_total_tokens_is_refused_at_start():
         engine_config(parse(["serve", "--max-batch-total-tokens", "512", "--max-total-tokens", "1024"]))
     config = engine_config(parse(["serve", "--max-batch-total-tokens", "1024", "--max-total-tokens", "1024"]))
     assert config.cache.num_blocks == 1024 // 16 + 1
+
+
+def test_an_echoed_lone_surrogate_is_escaped_not_a_crash():
+    import json
+
+    from switchyard.gateway.errors import SafeJSONResponse
+
+    body = SafeJSONResponse({"error": "The model `a\ud800` does not exist", "n": float("nan")}, 404).body
+    assert json.loads(body) == {"error": "The model `a\ud800` does not exist", "n": -9999.0}
+    assert b"\\ud800" in body
+
+
+def test_the_guard_s_errors_carry_cors_headers():
+    from fastapi.testclient import TestClient
+
+    from switchyard.core.client import EngineClient
+    from switchyard.gateway.app import create_app
+    from switchyard.gateway.settings import ServerSettings
+
+    class Loading(EngineClient):
+        tokenizer = info = None
+
+        async def add_request(self, request):
+            raise AssertionError("not ready")
+
+        def abort(self, request_id):
+            pass
+
+        @property
+        def ready(self):
+            return False
+
+    app = create_app(ServerSettings(model_id="m", payload_limit=100, cors_allow_origin=("http://a",)), Loading())
+    response = TestClient(app).post("/generate", content=b"x" * 200, headers={"origin": "http://a"})
+    assert response.status_code == 413 and response.headers["access-control-allow-origin"] == "http://a"
