@@ -78,6 +78,15 @@ def test_json_nested_100k_levels_is_a_4xx_not_a_crash(http, path):
         assert_tgi_error(response, 422, "validation", f"inputs.0.0.0.0.0.…: JSON nests deeper than {MAX_JSON_DEPTH}")
 
 
+def test_any_content_type_is_checked(http):
+    """/tokenize and /invocations parse their body as JSON whatever its declared type."""
+    depth = 100_000
+    response = http.post("/tokenize", content="[" * depth + "]" * depth, headers={"content-type": "text/plain"})
+    assert_tgi_error(response, 422, "validation", "JSON nests deeper than")
+    response = http.post("/invocations", content='{"inputs": %s}' % LONE, headers={"content-type": "text/plain"})
+    assert_tgi_error(response, 422, "validation", "inputs")
+
+
 def test_nesting_within_the_limit_passes_the_guard():
     nested = '{"messages": [{"content": ' + "[" * 100 + "]" * 100 + "}]}"
     assert check_json_body(nested.encode()) is None
