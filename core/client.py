@@ -47,6 +47,17 @@ class StepStats:
     num_prefix_hit_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds now: published after every step and every command it applies
+    (an abort frees blocks with no step after it), so metrics are true when idle."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+
+
 class RequestStream:
     """The outputs of one request, in order. Raises the engine's error if it failed."""
 
@@ -125,6 +136,11 @@ class EngineClient(ABC):
     def num_unfinished(self) -> int:
         return 0
 
+    @property
+    def load(self) -> EngineLoad | None:
+        """The engine's latest load, or None if it does not report one."""
+        return None
+
     def start(self) -> None:
         """Begin loading the model (returns at once)."""
 
@@ -157,6 +173,7 @@ class InProcessEngineClient(EngineClient):
         self.engine = None
         self.tokenizer = None
         self.info = None
+        self._load: EngineLoad | None = None  # replaced whole by the engine thread
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -186,6 +203,10 @@ class InProcessEngineClient(EngineClient):
     @property
     def num_unfinished(self) -> int:
         return len(self._streams)
+
+    @property
+    def load(self) -> EngineLoad | None:
+        return self._load
 
     # -- requests (any event loop) -------------------------------------------------
     async def add_request(self, request: Request) -> RequestStream:
@@ -230,6 +251,7 @@ class InProcessEngineClient(EngineClient):
             logger.exception("engine start-up failed")
             self.startup_error = exc
             return
+        self._publish_load()
         self._ready.set()
         logger.info("engine warmed up and ready")
         while self._handle_commands(block=not self.engine.has_unfinished_requests()):
@@ -260,6 +282,8 @@ class InProcessEngineClient(EngineClient):
                 self._add(payload, future)
             elif kind == _ABORT:
                 self._abort_request(payload)
+            if self._commands.empty():
+                self._publish_load()
 
     def _add(self, pairs: list[tuple[Request, RequestStream]], future: asyncio.Future) -> None:
         added: list[str] = []
@@ -294,8 +318,19 @@ class InProcessEngineClient(EngineClient):
             return
         if outputs:
             self._dispatch(outputs)
+        self._publish_load()
         if self.on_step is not None:
-            self.on_step(self._step_stats(time.perf_counter() - start))
+            try:
+                self.on_step(self._step_stats(time.perf_counter() - start))
+            except Exception:  # noqa: BLE001 - a metrics bug must not stop the engine
+                logger.exception("the step observer failed")
+
+    def _publish_load(self) -> None:
+        scheduler = self.engine.scheduler
+        pool = scheduler.kv_cache_manager.block_pool
+        self._load = EngineLoad(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+                                num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
+                                num_kv_blocks_total=pool.num_usable_blocks)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Hand outputs to their streams: one wake-up per event loop per step."""
@@ -308,7 +343,11 @@ class InProcessEngineClient(EngineClient):
             if out.finished:
                 del self._streams[out.request_id]
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed (its server stopped): nobody reads these
+                for stream, _ in items:
+                    self._abort_request(stream.request_id)
 
     def _step_stats(self, duration_s: float) -> StepStats:
         scheduler = self.engine.scheduler

@@ -1,6 +1,7 @@
 """Sampling parameters, validated once at the edge (vLLM's field names)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,18 @@ class ValidationError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+# Sane bounds, decided once here; both dialects report a breach in their own wording.
+# Below MIN_TEMPERATURE, logits / temperature overflow float32 (inf, then a NaN softmax);
+# above the maxima the distribution is noise (or, for the penalty, one token is banned).
+MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0
+
+
+def _finite(*values: float) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -58,13 +71,20 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
+        not_finite = _first_non_finite(self)
+        if not_finite is not None:  # NaN passes no comparison and inf passes some: refuse both first
+            raise ValidationError(f"{not_finite} must be a finite number", not_finite)
         checks = [
             (self.n >= 1, "n", "n must be at least 1"),
             (self.temperature >= 0.0, "temperature", "temperature must be non-negative"),
+            (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE, "temperature",
+             f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE:g}]"),
             (0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k", "top_k must be -1 (off), 0 (off) or positive"),
             (0.0 <= self.min_p <= 1.0, "min_p", "min_p must be in [0, 1]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "repetition_penalty must be positive"),
+            (self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+             f"repetition_penalty must be at most {MAX_REPETITION_PENALTY:g}"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be at least 1"),
@@ -87,3 +107,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "typical_p")
+
+
+def _first_non_finite(params: SamplingParams) -> str | None:
+    """The name of the first float field that is NaN or infinite ("logit_bias" for its values)."""
+    for name in _FLOAT_FIELDS:
+        if not _finite(getattr(params, name)):
+            return name
+    if not _finite(*(bias for _, bias in params.logit_bias)):
+        return "logit_bias"
+    return None

@@ -9,6 +9,7 @@ import hmac
 import logging
 import os
 import signal
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,7 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from switchyard.core.client import EngineClient
 from switchyard.core.params import ValidationError
 
-from .errors import ErrorKind, GatewayError, SafeJSONResponse, dialect_for_path
+from .drain import Drain, StreamDrain
+from .errors import ErrorKind, GatewayError, InternalErrors, SafeJSONResponse, dialect_for_path, from_http_status
+from .guard import BodyGuard
 from .metrics import Metrics
 from .service import GenerationService
 from .settings import ServerSettings
@@ -47,10 +50,10 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
-    if settings.cors_allow_origin:
+    app.state.drain = _install_body_checks(app, settings)
+    if settings.cors_allow_origin:  # outermost: the guard's own errors carry CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_allow_origin),
                            allow_methods=["*"], allow_headers=["*"])
-    _install_payload_limit(app, settings)
     _install_error_handlers(app)
     _install_common_routes(app, service, metrics)
     from .openai.routes import router as openai_router
@@ -85,45 +88,15 @@ def require_api_key(request: Request) -> None:
         raise GatewayError(ErrorKind.AUTHENTICATION, "invalid or missing API key (Authorization: Bearer ...)")
 
 
-def _install_payload_limit(app: FastAPI, settings: ServerSettings) -> None:
-    app.add_middleware(PayloadLimit, limit=settings.payload_limit)
-
-
-class PayloadLimit:
-    """413 for a body over --payload-limit, from its content-length or as it arrives.
-
-    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware
-    hands the app a `receive` that reports a disconnect once the body is read, which
-    would cancel every stream after its first event."""
-
-    def __init__(self, app, limit: int):
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or ())
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.limit:
-            return await self._reject(scope, receive, send, int(length))
-        received = 0
-
-        async def counting_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
-                                       f"the body is over the limit of {self.limit} bytes")
-            return message
-
-        await self.app(scope, counting_receive, send)
-
-    async def _reject(self, scope, receive, send, length: int) -> None:
-        error = GatewayError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body has {length} bytes; the limit is {self.limit}")
-        await error.render(dialect_for_path(scope["path"]))(scope, receive, send)
+def _install_body_checks(app: FastAPI, settings: ServerSettings) -> Drain:
+    """Outermost first (inside CORS): streams end at the drain deadline; bodies are checked
+    (size, UTF-8, depth, surrogates) before any route or auth runs; a route's escaped
+    exception is a 500 in its dialect."""
+    drain = Drain(settings.graceful_shutdown_s)
+    app.add_middleware(InternalErrors)
+    app.add_middleware(BodyGuard, limit=settings.payload_limit)
+    app.add_middleware(StreamDrain, drain=drain)
+    return drain
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -155,16 +128,17 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        kind = {404: ErrorKind.NOT_FOUND, 413: ErrorKind.PAYLOAD_TOO_LARGE}.get(exc.status_code)
-        if kind is None:
-            return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
-        return GatewayError(kind, str(exc.detail)).render(dialect_for_path(request.url.path))
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        elif message == HTTPStatus(exc.status_code).phrase:  # the framework's own: say what it means
+            message = _HTTP_MESSAGES.get(exc.status_code, message)
+        error = from_http_status(exc.status_code, message, dict(exc.headers or {}) or None)
+        return error.render(dialect_for_path(request.url.path))
+    # an exception a route lets escape: errors.InternalErrors (a middleware) renders it
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
-        logger.exception("unhandled error on %s", request.url.path)
-        return GatewayError(ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}").render(
-            dialect_for_path(request.url.path))
+
+_HTTP_MESSAGES = {404: "no such route", 400: "the body could not be read"}
 
 
 def health_response(client: EngineClient) -> Response:
@@ -183,6 +157,9 @@ def _install_common_routes(app: FastAPI, service: GenerationService, metrics: Me
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
+        load = service.client.load
+        if load is not None:  # the engine's state now, not as of its last step (it may be idle)
+            metrics.observe_load(load, service.client.info.block_size)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/version")

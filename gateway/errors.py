@@ -6,11 +6,15 @@ TGI routes: `{"error": str, "error_type": str}`.
 from __future__ import annotations
 
 import enum
+import json
+import logging
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
-from .streaming import json_dumps
+from .streaming import json_dumps, sse_data
+
+logger = logging.getLogger("switchyard.gateway")
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class ErrorKind(enum.Enum):
     TOOL = _Kind(400, "invalid_request_error", 422, "tool_error")
     AUTHENTICATION = _Kind(401, "authentication_error", 401, "authentication")
     NOT_FOUND = _Kind(404, "not_found_error", 404, "not_found")
+    METHOD_NOT_ALLOWED = _Kind(405, "invalid_request_error", 405, "method_not_allowed")
     PAYLOAD_TOO_LARGE = _Kind(413, "invalid_request_error", 413, "payload_too_large")
     OVERLOADED = _Kind(429, "rate_limit_error", 429, "overloaded")
     GENERATION = _Kind(500, "server_error", 424, "generation")
@@ -41,15 +46,19 @@ RETRY_AFTER_SECONDS = 1
 class GatewayError(Exception):
     """An error value with a kind; routes raise it, the app renders it per dialect."""
 
-    def __init__(self, kind: ErrorKind, message: str, param: str | None = None):
+    def __init__(self, kind: ErrorKind, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.param = param
+        self._headers = headers  # e.g. `allow` of a 405
 
     @property
     def headers(self) -> dict[str, str] | None:
-        return {"retry-after": str(RETRY_AFTER_SECONDS)} if self.kind is ErrorKind.OVERLOADED else None
+        if self.kind is ErrorKind.OVERLOADED:
+            return {"retry-after": str(RETRY_AFTER_SECONDS), **(self._headers or {})}
+        return self._headers
 
     # -- OpenAI dialect ---------------------------------------------------------------
     @property
@@ -77,6 +86,26 @@ class GatewayError(Exception):
             return SafeJSONResponse(self.openai_body(), self.openai_status, self.headers)
         return SafeJSONResponse(self.tgi_body(), self.tgi_status, self.headers)
 
+    def stream_event(self, dialect: str) -> str:
+        """The error as the last event(s) of an SSE stream that has already begun: OpenAI's
+        `data: {"error": {...}}` then `data: [DONE]`; TGI's `data:{"error", "error_type"}`."""
+        if dialect == "openai":
+            body = {"error": {**self.openai_body()["error"], "http_status_code": self.openai_status}}
+            return sse_data(body) + sse_data("[DONE]")
+        return sse_data(self.tgi_body(), "tgi")
+
+
+_HTTP_KINDS = {400: ErrorKind.VALIDATION, 401: ErrorKind.AUTHENTICATION, 404: ErrorKind.NOT_FOUND,
+               405: ErrorKind.METHOD_NOT_ALLOWED, 413: ErrorKind.PAYLOAD_TOO_LARGE, 422: ErrorKind.VALIDATION,
+               429: ErrorKind.OVERLOADED, 503: ErrorKind.UNAVAILABLE}
+
+
+def from_http_status(status: int, message: str, headers: dict[str, str] | None = None) -> GatewayError:
+    """The framework's own HTTP errors (unknown route, wrong method, unreadable body) as
+    an error of our taxonomy, so they render in the route's dialect like every other."""
+    kind = _HTTP_KINDS.get(status, ErrorKind.VALIDATION if status < 500 else ErrorKind.INTERNAL)
+    return GatewayError(kind, message, headers=headers)
+
 
 def invalid(message: str, param: str | None = None, kind: ErrorKind = ErrorKind.VALIDATION) -> GatewayError:
     """A request the client must fix (400 on OpenAI routes, 422 on TGI's), naming `param`."""
@@ -91,9 +120,46 @@ class SafeJSONResponse(JSONResponse):
         super().__init__(content=body, status_code=status, headers=headers)
 
     def render(self, content) -> bytes:
-        return json_dumps(content).encode()
+        text = json_dumps(content)
+        try:
+            return text.encode()
+        except UnicodeEncodeError:  # a lone surrogate echoed from the request: escape it, stay valid JSON
+            return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def dialect_for_path(path: str) -> str:
     """OpenAI's error shape under /v1/, TGI's everywhere else."""
     return "openai" if path.startswith("/v1/") or path == "/v1" else "tgi"
+
+
+class InternalErrors:
+    """ASGI middleware: an exception a route lets escape becomes a 500 in the route's
+    dialect ("internal error", no class or internals; the traceback goes to the log),
+    and the connection stays usable. (Starlette's handler for Exception re-raises to
+    uvicorn, which then closes the keep-alive connection under the client's next
+    request.) A response already under way is ended where it stands."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = {"started": False, "ended": False}
+
+        async def tracking_send(message):
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["ended"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:  # noqa: BLE001 - logged here, rendered without internals
+            logger.exception("unhandled error on %s", scope.get("path"))
+            if not state["started"]:
+                error = GatewayError(ErrorKind.INTERNAL, "internal error")
+                await error.render(dialect_for_path(scope["path"]))(scope, receive, send)
+            elif not state["ended"]:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import threading
 
-from switchyard.core.client import StepStats
+from switchyard.core.client import EngineLoad, StepStats
 
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                      60.0, 120.0)
@@ -104,6 +104,7 @@ class Metrics:
     def __init__(self):
         self._lock = threading.Lock()
         self._all: list[_Metric] = []
+        self._block_size = 16  # KV tokens per block; the engine's, once it reports a step
         c, g, h = self._counter, self._gauge, self._histogram
         self.request_count = c("tgi_request_count", "requests received")
         self.request_success = c("tgi_request_success", "requests that finished successfully")
@@ -163,16 +164,24 @@ class Metrics:
         self.batch_inference_success.inc(method=method)
         self.batch_forward_duration.observe(stats.duration_s, method=method)
         self.batch_next_size.observe(stats.num_running)
-        self.queue_size.set(stats.num_waiting)
-        self.batch_current_size.set(stats.num_running)
-        self.batch_current_max_tokens.set(stats.num_kv_blocks_used * block_size)
-        self.batch_max_total_tokens.set(stats.num_kv_blocks_total * block_size)
-        self.kv_cache_usage.set(stats.num_kv_blocks_used / max(1, stats.num_kv_blocks_total))
+        self._block_size = block_size
+        self.observe_load(EngineLoad(stats.num_running, stats.num_waiting, stats.num_kv_blocks_used,
+                                     stats.num_kv_blocks_total))
         if stats.num_prefix_queried_tokens:
             self.prefix_cache_queried_tokens.inc(stats.num_prefix_queried_tokens)
             self.prefix_cache_hit_tokens.inc(stats.num_prefix_hit_tokens)
             self.prefix_cache_hit_rate.set(self.prefix_cache_hit_tokens.value()
                                            / self.prefix_cache_queried_tokens.value())
+
+    def observe_load(self, load: EngineLoad, block_size: int | None = None) -> None:
+        """The load gauges: after each step, and from the engine's latest load at each
+        scrape (the engine may be idle, with no step to report its aborts)."""
+        block_size = block_size or self._block_size
+        self.queue_size.set(load.num_waiting)
+        self.batch_current_size.set(load.num_running)
+        self.batch_current_max_tokens.set(load.num_kv_blocks_used * block_size)
+        self.batch_max_total_tokens.set(load.num_kv_blocks_total * block_size)
+        self.kv_cache_usage.set(load.num_kv_blocks_used / max(1, load.num_kv_blocks_total))
 
     def render(self) -> str:
         with self._lock:

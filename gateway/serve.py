@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+import uvicorn
 from switchyard.core.config import GrammarConfig
 
 from .settings import ServerSettings
@@ -104,6 +105,11 @@ def _check_supported(args: argparse.Namespace) -> None:
         raise ValidationError(f"--quantize {args.quantize} is not supported yet; serve unquantized weights")
     if args.num_shard != 1:
         raise ValidationError("--num-shard > 1 (tensor parallelism) is not supported yet")
+    if (args.max_batch_total_tokens is not None and args.max_total_tokens is not None
+            and args.max_batch_total_tokens < args.max_total_tokens):  # TGI's launcher refuses it too
+        raise ValidationError(f"--max-batch-total-tokens ({args.max_batch_total_tokens}) must be at least "
+                              f"--max-total-tokens ({args.max_total_tokens}): one request of that length "
+                              "would not fit in the KV cache and would be cut")
     if args.grammar_backend not in GRAMMAR_BACKENDS:
         raise ValidationError(f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}; "
                               f"got {args.grammar_backend!r}")
@@ -189,8 +195,6 @@ def _display_name(model: str | None) -> str:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .app import create_app
     from .logs import configure_logging, uvicorn_log_config
 
@@ -203,9 +207,24 @@ def run_server(args: argparse.Namespace) -> int:
     settings = server_settings(args)
     client = make_engine_client(config)
     app = create_app(settings, client)
-    uvicorn.run(app, host=settings.hostname, port=settings.port, log_config=uvicorn_log_config(args.json_output),
-                timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
+    config = uvicorn.Config(app, host=settings.hostname, port=settings.port,
+                            log_config=uvicorn_log_config(args.json_output),
+                            timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
+    DrainingServer(config, app.state.drain).run()
     return 1 if client.startup_error is not None else 0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server that also starts the app's stream drain (gateway/drain.py) when
+    SIGTERM or SIGINT arrives, so open streams end properly before uvicorn's deadline."""
+
+    def __init__(self, config: uvicorn.Config, drain):
+        super().__init__(config)
+        self._drain = drain
+
+    def handle_exit(self, sig, frame) -> None:
+        self._drain.begin()
+        super().handle_exit(sig, frame)
 
 
 def make_engine_client(config):

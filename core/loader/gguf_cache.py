@@ -8,11 +8,16 @@ tensors are bit-identical to the dequantized GGUF ones.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +40,9 @@ def converted_directory(gguf_path: str, cache_root: str) -> str:
     if os.path.isfile(os.path.join(target, _DONE_MARK)):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    sweep_stale_staging(os.path.dirname(target))
     logger.info("converting %s once into %s", gguf_path, target)
-    staging = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(target))
-    try:
+    with _staging_folder(os.path.dirname(target), name) as staging:
         _convert(gguf_path, staging)
         open(os.path.join(staging, _DONE_MARK), "w").close()
         os.chmod(staging, 0o755)
@@ -46,9 +51,71 @@ def converted_directory(gguf_path: str, cache_root: str) -> str:
         except OSError:  # another process finished first; its copy is as good as ours
             if not os.path.isfile(os.path.join(target, _DONE_MARK)):
                 raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+# -- staging: a half-written conversion never survives its process ---------------------
+_STAGING = re.compile(r"^\..+\.staging-(\d+)-")
+_live_staging: set[str] = set()  # removed at exit, if a daemon thread was killed mid-conversion
+
+
+@contextlib.contextmanager
+def _staging_folder(parent: str, name: str):
+    """A temporary folder named after this process, removed on any exception, on SIGTERM
+    (when converting on the main thread, SIGTERM becomes SystemExit for the duration) and
+    at interpreter exit; a folder a SIGKILL left behind is swept by the next start."""
+    staging = tempfile.mkdtemp(prefix=f".{name}.staging-{os.getpid()}-", dir=parent)
+    _live_staging.add(staging)
+    previous = _exit_on_sigterm()
+    try:
+        yield staging
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        _live_staging.discard(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _exit_on_sigterm():
+    """On the main thread, make SIGTERM raise SystemExit (so `finally` runs); returns the
+    handler to restore, or None where signals cannot be handled (other threads)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, _raise)
+
+
+@atexit.register
+def _remove_live_staging() -> None:
+    for staging in list(_live_staging):
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def sweep_stale_staging(parent: str) -> list[str]:
+    """Remove the staging folders in `parent` whose process is gone; returns them."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(parent):
+            match = _STAGING.match(entry)
+            if match and not _process_alive(int(match.group(1))):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+                removed.append(entry)
+    if removed:
+        logger.info("removed %d staging folder(s) of interrupted conversions in %s", len(removed), parent)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _convert(gguf_path: str, out_dir: str) -> None:

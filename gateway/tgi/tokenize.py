@@ -86,7 +86,7 @@ def _vllm_tokenize(service: GenerationService, req: VllmTokenizeRequest, body: d
     return body
 
 
-@router.post("/chat_tokenize")
+@router.post("/chat_tokenize", dependencies=[Depends(require_api_key)])  # like /tokenize
 async def chat_tokenize(body: ChatCompletionRequest, request: Request) -> SafeJSONResponse:
     """The chat template applied to a chat request, and the tokens of the result."""
     service = _service(request)
