@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 
 import uvicorn
+
 from switchyard.core.config import GrammarConfig
 
 from .settings import ServerSettings
