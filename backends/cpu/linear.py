@@ -23,6 +23,14 @@ from switchyard.core.layers import Linear
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes oneDNN can pack on this CPU: bf16 packing needs AVX-512 (BW/VL/DQ) or
+    AVX-NE-CONVERT, which an AVX2-only CPU lacks (there bf16 weights stay unpacked)."""
+    if not packing_supported():
+        return ()
+    return PACKABLE_DTYPES if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
 def packing_supported() -> bool:
     return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
@@ -51,11 +59,12 @@ class PackedLinear(nn.Module):
 
 @torch.inference_mode()
 def pack_linears(model: nn.Module) -> int:
-    """Replaces every Linear of the model whose weight is float32 or bf16 on the CPU by a
-    PackedLinear; returns how many were replaced."""
+    """Replaces every Linear of the model whose weight is in a dtype this CPU can pack
+    (packable_dtypes) by a PackedLinear; returns how many were replaced."""
+    dtypes = packable_dtypes()
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, Linear) and module.weight.device.type == "cpu"
-               and module.weight.dtype in PACKABLE_DTYPES]
+               and module.weight.dtype in dtypes]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -6,12 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from switchyard.backends.cpu.linear import PackedLinear, pack_linears, packing_supported
+from switchyard.backends.cpu.linear import PackedLinear, pack_linears, packable_dtypes, packing_supported
 from switchyard.backends.cpu.tuning import choose_single_row_products, matvec_is_faster
 from switchyard.core.layers import Linear, MergedLinear
 from switchyard.core.layers.linear import linear
 
 needs_packing = pytest.mark.skipif(not packing_supported(), reason="this torch has no oneDNN linear packing")
+# bf16 packing needs AVX-512 or AVX-NE-CONVERT; an AVX2-only CPU keeps bf16 weights unpacked
+PACKED_DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    torch.bfloat16 not in packable_dtypes(), reason="this CPU cannot pack bf16 weights (no AVX-512)"))]
 TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
 
 
@@ -24,7 +27,7 @@ def _filled(module: Linear, seed: int = 0) -> Linear:
 
 
 @needs_packing
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 33])
 def test_packed_linear_matches_f_linear(dtype, bias, rows):
@@ -49,7 +52,7 @@ class _TwoLayers(nn.Module):
 
 
 @needs_packing
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
 def test_pack_linears_replaces_every_linear_and_keeps_the_output(dtype):
     model = _TwoLayers(dtype)
     x = torch.randn(4, 16).to(dtype)
@@ -60,6 +63,15 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_output(dtype):
     assert all(not isinstance(m, Linear) for m in model.modules())
     assert isinstance(model.head["out"], PackedLinear)
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+def test_only_packable_dtypes_are_packed():
+    """bf16 stays a plain Linear where this CPU cannot pack it (and is packed where it can)."""
+    model = nn.Sequential(_filled(Linear(8, 8, dtype=torch.bfloat16)))
+    assert pack_linears(model) == int(torch.bfloat16 in packable_dtypes())
+    assert isinstance(model[0], PackedLinear if torch.bfloat16 in packable_dtypes() else Linear)
+    with torch.inference_mode():
+        assert model(torch.randn(2, 8).bfloat16()).dtype == torch.bfloat16
 
 
 def test_float16_linears_are_not_packed():
