@@ -119,7 +119,7 @@ class Pipeline:
                 yield event
         except Exception as exc:  # noqa: BLE001 - reported to the client in the stream, then logged
             error = exc if isinstance(exc, GatewayError) else GatewayError(
-                ErrorKind.INTERNAL, f"internal error: {type(exc).__name__}")
+                ErrorKind.INTERNAL, "internal error")  # the class and traceback go to the log only
             if not isinstance(exc, GatewayError):
                 logger.exception("stream failed")
             admission.release(error)
