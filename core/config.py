@@ -72,7 +72,7 @@ class GrammarConfig:
     cache_bytes: int = 256 << 20  # ... and at most this many bytes of them (--grammar-cache-bytes)
     # largest compiled grammar (xgrammar: its memory; outlines: its index serialized). Size grows
     # steeply with enums: 5,000 values 0.7 MB, 10,000 values 43 MB and 3.5 s (--grammar-max-compiled-bytes)
-    max_grammar_bytes: int = 16 << 20
+    max_grammar_bytes: int = 64 << 20  # an outlines index of a test schema pickles to 25 MiB
     compile_timeout_s: float = 30.0  # a slower compile is killed and fails its request alone
     max_spec_bytes: int = 256 << 10  # largest schema / regex text (--grammar-max-spec-bytes)
     num_compile_workers: int = 1  # worker processes (threads for a compiler that cannot cross a process)
