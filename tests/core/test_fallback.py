@@ -161,10 +161,10 @@ def test_bfloat16_fallback_gives_float32_logits(tmp_path):
 
 
 def test_a_config_the_native_code_cannot_run_falls_back_under_auto(tmp_path):
-    """yarn rope scaling: the native Llama raises NotImplementedError; auto hands the
-    model to the fallback (which runs transformers' yarn), native refuses in one line."""
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
-    config = LlamaConfig(**LAYERS, **IDS, num_key_value_heads=2, intermediate_size=96, rope_parameters=yarn)
+    """A GELU Llama MLP: the native Llama raises NotImplementedError (it runs SiLU only);
+    auto hands the model to the fallback (which runs transformers' own MLP), native
+    refuses in one line."""
+    config = LlamaConfig(**LAYERS, **IDS, num_key_value_heads=2, intermediate_size=96, hidden_act="gelu")
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
     randomize(hf)
     hf.save_pretrained(tmp_path, safe_serialization=True)
@@ -174,5 +174,5 @@ def test_a_config_the_native_code_cannot_run_falls_back_under_auto(tmp_path):
     with torch.no_grad():
         expected = hf(torch.tensor([prompts()["B"]])).logits[0]
     torch.testing.assert_close(ours["B"], expected, atol=1e-4, rtol=1e-4)
-    with pytest.raises(UnsupportedModelError, match=r"native code does not implement this config: .*yarn"):
+    with pytest.raises(UnsupportedModelError, match=r"native code does not implement this config: .*gelu"):
         load_model(ModelConfig(model=str(tmp_path), model_impl="native"), ReferenceBackend(), BLOCK_SIZE)

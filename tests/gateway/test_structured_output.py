@@ -229,8 +229,9 @@ BAD_SCHEMAS = [
     # valid JSON Schema, but xgrammar would ignore `not`: refused rather than not enforced
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "not": {"const": 3}}}},
      "keyword 'not' (at #) is not supported"),
-    # deeper than the meta-schema check can recurse: a 4xx, not a RecursionError
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(120)}}, "nests more than 64 levels"),
+    # deeper than the meta-schema check can recurse (80 JSON levels: under the body guard's
+    # MAX_JSON_DEPTH, over the schema check's 64): a 4xx, not a RecursionError
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(40)}}, "nests more than 64 levels"),
     # a reference outside the schema is never fetched, nor left unconstrained
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "https://example.com/s.json"}}},
      "'https://example.com/s.json' (at #) is not local"),
