@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from switchyard.core.backend import AttentionMetadata, Backend, Capabilities, ProbeResult
 from switchyard.core.ops import ReferenceAttentionKernel
@@ -40,6 +41,20 @@ def randomize(model: torch.nn.Module, seed: int = 1) -> None:
             noise = torch.randn(param.shape, generator=generator)
             is_norm = "norm" in name or ".ln_" in name or "layer_norm" in name
             param.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.15 * noise)
+
+
+def make_hf(config, seed: int = 1) -> torch.nn.Module:
+    """A randomized transformers model of `config` (eager attention, float32, eval)."""
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+    randomize(hf, seed)
+    return hf
+
+
+def save_tiny(config, path, seed: int = 1, max_shard_size: str = "1GB") -> torch.nn.Module:
+    """make_hf(config), saved as safetensors under `path`; returns the model."""
+    hf = make_hf(config, seed)
+    hf.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard_size)
+    return hf
 
 
 @dataclass

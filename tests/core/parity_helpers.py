@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import Chunk, ReferenceBackend, run_step, run_two_steps
-from transformers import AutoModelForCausalLM
+from model_helpers import Chunk, ReferenceBackend, run_step, run_two_steps, save_tiny  # noqa: F401 - re-exported
 
 from switchyard.core.config import ModelConfig
 from switchyard.core.loader import load_model
@@ -23,23 +22,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def randomize(model: torch.nn.Module, seed: int = 1) -> None:
-    """Larger-than-default random weights (and non-unit norms), so mistakes show."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.15 * noise)
-
-
-def save_tiny(config, path, seed: int = 1, max_shard_size: str = "1GB"):
-    """A random transformers model of `config`, saved under `path`; returns it (eval, float32)."""
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-    randomize(hf, seed)
-    hf.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard_size)
-    return hf
 
 
 def load_ours(path, **model_config):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import ReferenceBackend, randomize, run_two_steps
+from model_helpers import ReferenceBackend, randomize, run_two_steps, save_tiny
 from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, GPT2Config, GPTNeoXConfig, GraniteConfig,
                           LlamaConfig, OPTConfig)
 
@@ -46,10 +46,8 @@ def tiny_configs() -> dict:
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))
 def saved_model(request, tmp_path_factory):
     config = tiny_configs()[request.param]
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-    randomize(hf)
     path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path, safe_serialization=True, max_shard_size="100KB" if request.param == "opt" else "1GB")
+    hf = save_tiny(config, path, max_shard_size="100KB" if request.param == "opt" else "1GB")
     return request.param, str(path), hf
 
 
@@ -110,10 +108,7 @@ def greedy_reference(hf, prompt: list[int], steps: int) -> list[int]:
 
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_neox"])
 def test_greedy_tokens_through_the_engine_match_transformers(arch, tmp_path):
-    hf = AutoModelForCausalLM.from_config(tiny_configs()[arch], attn_implementation="eager",
-                                          dtype=torch.float32).eval()
-    randomize(hf)
-    hf.save_pretrained(tmp_path, safe_serialization=True)
+    hf = save_tiny(tiny_configs()[arch], tmp_path)
     engine = EngineCore(EngineConfig(model=ModelConfig(model=str(tmp_path)),
                                      cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=96),
                                      scheduler=SchedulerConfig(max_num_batched_tokens=8), backend="cpu"))
@@ -137,9 +132,7 @@ def test_greedy_tokens_through_the_engine_match_transformers(arch, tmp_path):
 
 def test_forced_fallback_on_a_llama_matches_the_native_path(tmp_path):
     config = LlamaConfig(**LAYERS, **IDS, num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=False)
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-    randomize(hf)
-    hf.save_pretrained(tmp_path, safe_serialization=True)
+    save_tiny(config, tmp_path)
     native = load_model(ModelConfig(model=str(tmp_path)), ReferenceBackend(), BLOCK_SIZE)
     fallback = load_model(ModelConfig(model=str(tmp_path), model_impl="transformers"), ReferenceBackend(), BLOCK_SIZE)
     assert (native.model_impl, fallback.model_impl) == ("native", "transformers")
@@ -165,9 +158,7 @@ def test_a_config_the_native_code_cannot_run_falls_back_under_auto(tmp_path):
     auto hands the model to the fallback (which runs transformers' own MLP), native
     refuses in one line."""
     config = LlamaConfig(**LAYERS, **IDS, num_key_value_heads=2, intermediate_size=96, hidden_act="gelu")
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-    randomize(hf)
-    hf.save_pretrained(tmp_path, safe_serialization=True)
+    hf = save_tiny(config, tmp_path)
     loaded = load_model(ModelConfig(model=str(tmp_path)), ReferenceBackend(), BLOCK_SIZE)
     assert loaded.model_impl == "transformers"
     ours = run_two_steps(loaded, prompts(), 11, BLOCK_SIZE)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import ReferenceBackend, assert_two_steps_match, hf_greedy, ragged_prompts, randomize
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig
+from model_helpers import ReferenceBackend, assert_two_steps_match, hf_greedy, make_hf, ragged_prompts
+from transformers import Gemma2Config, Gemma3TextConfig
 
 from switchyard.core import LLM, SamplingParams
 from switchyard.core.config import ModelConfig
@@ -32,12 +32,6 @@ GEMMA3 = dict(**SMALL, num_hidden_layers=4, sliding_window=6, query_pre_attn_sca
 
 def tiny_configs() -> dict:
     return {"gemma2": Gemma2Config(**GEMMA2), "gemma3": Gemma3TextConfig(**GEMMA3)}
-
-
-def make_hf(config) -> torch.nn.Module:
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-    randomize(hf)
-    return hf
 
 
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from model_helpers import ReferenceBackend, assert_two_steps_match, ragged_prompts, randomize, run_two_steps
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from model_helpers import ReferenceBackend, assert_two_steps_match, ragged_prompts, run_two_steps, save_tiny
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from switchyard.core.config import ModelConfig
 from switchyard.core.layers.rotary import compute_inv_freq, rope_parameters
@@ -38,11 +38,9 @@ def tiny_configs() -> dict:
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))
 def saved_model(request, tmp_path_factory):
     config = tiny_configs()[request.param]
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-    randomize(hf)
     path = tmp_path_factory.mktemp(request.param)
     # Shard the llama checkpoint so the index file is exercised.
-    hf.save_pretrained(path, safe_serialization=True, max_shard_size="100KB" if request.param == "llama" else "1GB")
+    hf = save_tiny(config, path, max_shard_size="100KB" if request.param == "llama" else "1GB")
     if request.param == "llama":  # generation_config.json's eos wins over config.json's
         generation = json.loads((path / "generation_config.json").read_text())
         (path / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [3, 4]}))
