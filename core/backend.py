@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
@@ -76,6 +77,10 @@ class AttentionKernel(ABC):
     """Paged attention for one layer shape. KV cache layout, per layer:
     [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values)."""
 
+    # True when forward() on a decode-only batch reads only the metadata's device tensors and
+    # shapes (never its host tuples), so a graph-mode runner may capture and replay its launches.
+    graph_safe: ClassVar[bool] = False
+
     def __init__(self, spec: AttentionSpec):
         self.spec = spec
 
@@ -90,15 +95,46 @@ class AttentionKernel(ABC):
         cached prefix plus its new tokens; returns [T, num_heads, head_dim]."""
 
 
+@dataclass(frozen=True)
+class ShardInfo:
+    """Where one shard runs: its global rank of world_size, its index among this machine's
+    shards (the device it drives, LOCAL_RANK), and the torch.distributed rendezvous."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+
+SINGLE_SHARD = ShardInfo()
+
+
 class Communicator(Protocol):
+    """Collectives among the shards of one model (in place where the name says so)."""
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
 
 
+class ShardGroup(Protocol):
+    """Processes started by a ShardLauncher."""
+
+    def failure(self) -> str | None:
+        """None while every shard runs; else which shard ended and how (its last error)."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate every shard (SIGTERM, then SIGKILL after timeout) and reap it."""
+
+
 class ShardLauncher(Protocol):
-    def launch(self, world_size: int, target, args: tuple) -> None:
-        """Start one process per device running target(rank, world_size, *args); join them."""
+    def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ShardGroup:
+        """Start one process per ShardInfo running target(shard, *args); returns at once."""
 
 
 class Backend(ABC):
@@ -107,6 +143,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     priority: ClassVar[int] = 0
+    # torch.distributed backend its shards talk over ("gloo", "nccl", "xccl"); None = one shard only
+    dist_backend: ClassVar[str | None] = None
 
     @classmethod
     @abstractmethod
@@ -120,8 +158,9 @@ class Backend(ABC):
     @abstractmethod
     def device(self) -> torch.device: ...
 
-    def init_device(self) -> None:
-        """Create the device context (and the process group when sharded)."""
+    def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
+        """Create the device context for shard.local_rank, and join the process group
+        (core.distributed) when shard.sharded. Called once per process, before loading."""
 
     @abstractmethod
     def available_memory_bytes(self) -> int:
@@ -130,10 +169,15 @@ class Backend(ABC):
     @abstractmethod
     def attention(self, spec: AttentionSpec) -> AttentionKernel: ...
 
+    def prepare_model(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        """The one place a backend may change the loaded model: swap layers for its fused
+        ones, repack weights for its kernels. Called once after the weights are loaded,
+        before profile_run. The default does nothing."""
+
     def profile_run(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        """Called once after the weights are loaded, before the KV cache is sized. A device
-        backend runs a largest-size step here, so that what its activations need is no longer
-        counted as free memory. The default does nothing."""
+        """Called once after prepare_model, before the KV cache is sized; measures, never
+        changes the model. A device backend runs a largest-size step here, so that what its
+        activations need is no longer counted as free memory. The default does nothing."""
 
     def num_kv_blocks(self, bytes_per_block: int, cache: CacheConfig) -> int:
         """KV capacity in blocks when the configuration names none. Default: memory_fraction
@@ -143,8 +187,9 @@ class Backend(ABC):
         return max(2, min(cache.max_auto_blocks, budget // bytes_per_block))
 
     def make_runner(self, loaded: LoadedModel, kv_caches: list[torch.Tensor], config: EngineConfig) -> ModelRunner:
-        """The runner of every step. A backend may return its own subclass (graph capture,
-        static shapes); it is built once, after the KV cache is allocated."""
+        """The runner of every step, built once after the KV cache is allocated. A backend may
+        return a ModelRunner subclass (graph capture, static shapes) whose execute() keeps the
+        base signature and results; it must not change the model here (see prepare_model)."""
         from .runner import ModelRunner
 
         return ModelRunner(loaded.model, self, kv_caches, config.cache.block_size)
@@ -154,7 +199,9 @@ class Backend(ABC):
         return [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(num_layers)]
 
     def communicator(self) -> Communicator | None:
+        """Collectives of this process's shard group; None when not sharded."""
         return None
 
     def shard_launcher(self) -> ShardLauncher | None:
+        """Starts this backend's shard processes; None when it cannot shard (dist_backend None)."""
         return None

@@ -18,16 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .errors import EngineDeadError  # noqa: F401 - re-exported for the gateway
 from .request import FinishReason, Request, RequestOutput
 
 if TYPE_CHECKING:
     from .grammar.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The step loop failed; requests in flight are failed with this error."""
 
 
 @dataclass(frozen=True)
