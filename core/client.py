@@ -254,7 +254,7 @@ class InProcessEngineClient(EngineClient):
         while self._handle_commands(block=not self.engine.has_unfinished_requests()):
             if self.engine.has_unfinished_requests():
                 self._step()
-        self.engine.grammar_service.shutdown()  # its worker processes go with the engine
+        self.engine.shutdown()  # its grammar workers and shards go with it
 
     def _warm_up_engine(self) -> None:
         from .params import SamplingParams

@@ -109,6 +109,14 @@ class EngineCore:
         self._generators.pop(request_id, None)
         self._prompt_logprobs.pop(request_id, None)
 
+    def check_health(self) -> None:
+        """Raises ShardTerminated (core/errors.py) if one of the engine's shard processes has
+        ended. Cheap; the engine's owner calls it between steps and while idle."""
+
+    def shutdown(self) -> None:
+        """Stops what the engine started: its grammar workers and its shard processes."""
+        self.grammar_service.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
 
