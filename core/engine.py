@@ -14,7 +14,7 @@ from .kv import BlockPool, KVCacheManager
 from .loader import LoadedModel, load_model, load_tokenizer
 from .params import ValidationError
 from .plugins import select_backend
-from .request import EngineCoreOutput, FinishReason, Request
+from .request import EngineCoreOutput, FinishReason, Request, decide_finish
 from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
@@ -175,15 +175,14 @@ class EngineCore:
                 if rid in self.constrained and not self.constrained.advance(rid, token)]
 
     def _finish_complete_grammars(self, request_ids: list[str], reasons: dict) -> None:
-        """Finish (or relabel a length finish of) requests whose grammar is complete."""
+        """Requests whose grammar is complete end (decide_finish weighs that against the
+        scheduler's reason, if it found one this step)."""
         for rid in request_ids:
             if rid not in self.constrained or not self.constrained.is_complete(rid):
                 continue
             if rid not in reasons:
                 self.scheduler.finish_request(rid, FinishReason.GRAMMAR)
-            elif reasons[rid] is not FinishReason.LENGTH:
-                continue
-            reasons[rid] = FinishReason.GRAMMAR
+            reasons[rid] = decide_finish(reasons.get(rid), FinishReason.GRAMMAR)
 
     def _fail(self, request_id: str, error: BaseException) -> EngineCoreOutput:
         self.finish_request(request_id, FinishReason.ABORT)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .request import EngineCoreOutput, FinishReason, Request, RequestOutput
+from .request import EngineCoreOutput, FinishReason, Request, RequestOutput, decide_finish
 from .tokenizer import IncrementalDetokenizer
 
 
@@ -38,12 +38,11 @@ class OutputProcessor:
             state = self._states.get(out.request_id)
             if state is None:  # aborted while its step ran
                 continue
-            finish_reason = out.finish_reason
-            text = state.detokenizer.update(out.new_token_ids, finished=finish_reason is not None)
-            if state.detokenizer.stop_string_hit is not None and finish_reason in (None, FinishReason.LENGTH):
-                if finish_reason is None:
-                    self._finish(out.request_id, FinishReason.STOP_STRING)
-                finish_reason = FinishReason.STOP_STRING
+            text = state.detokenizer.update(out.new_token_ids, finished=out.finish_reason is not None)
+            stop_string = FinishReason.STOP_STRING if state.detokenizer.stop_string_hit is not None else None
+            finish_reason = decide_finish(out.finish_reason, stop_string)
+            if out.finish_reason is None and finish_reason is not None:
+                self._finish(out.request_id, finish_reason)  # the engine still holds it: free it now
             state.num_output_tokens += len(out.new_token_ids)
             if finish_reason is not None:
                 del self._states[out.request_id]

@@ -30,6 +30,23 @@ class FinishReason(str, enum.Enum):
         return self.value
 
 
+# When several reasons hold at the same token, the first of these names the finish: the
+# model's own end (EOS, a stop token) over a complete grammar, over a stop string, over
+# running out of length. ABORT is never decided here: it is imposed from outside.
+_PRECEDENCE = (FinishReason.EOS, FinishReason.STOP_TOKEN, FinishReason.GRAMMAR, FinishReason.STOP_STRING,
+               FinishReason.LENGTH)
+
+
+def decide_finish(*reasons: FinishReason | None) -> FinishReason | None:
+    """The one rule for a sequence's finish reason: of the reasons found so far (by the
+    scheduler's token checks, the grammar, the stop strings of the detokenized text; None
+    where a check found nothing), the one of highest precedence; None if none holds."""
+    held = {r for r in reasons if r is not None}
+    if FinishReason.ABORT in held:
+        return FinishReason.ABORT
+    return next((r for r in _PRECEDENCE if r in held), None)
+
+
 _SEED_MASK = (1 << 63) - 1
 
 

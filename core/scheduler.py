@@ -28,7 +28,7 @@ from .config import EngineConfig, SchedulerConfig
 from .kv import BlockPool, KVCacheManager
 from .params import ValidationError
 from .prefill_policy import PrefillPolicy
-from .request import FinishReason, Request, RequestStatus
+from .request import FinishReason, Request, RequestStatus, decide_finish
 from .scheduler_output import ScheduledRequest, SchedulerOutput, StepDraft
 
 
@@ -240,15 +240,14 @@ class Scheduler:
         return finished
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
+        """The token-level checks (EOS, stop token, length), combined by decide_finish."""
         params = request.sampling_params
+        eos = stop_token = None
         if len(request.output_token_ids) >= params.min_tokens:
-            if not params.ignore_eos and token_id in request.eos_token_ids:
-                return FinishReason.EOS
-            if token_id in params.stop_token_ids:
-                return FinishReason.STOP_TOKEN
-        if request.num_tokens >= self.max_num_tokens(request):
-            return FinishReason.LENGTH
-        return None
+            eos = FinishReason.EOS if not params.ignore_eos and token_id in request.eos_token_ids else None
+            stop_token = FinishReason.STOP_TOKEN if token_id in params.stop_token_ids else None
+        length = FinishReason.LENGTH if request.num_tokens >= self.max_num_tokens(request) else None
+        return decide_finish(eos, stop_token, length)
 
     def max_num_tokens(self, request: Request) -> int:
         """The most tokens the request may hold: its own limit, capped by the KV capacity."""

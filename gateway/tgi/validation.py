@@ -8,7 +8,7 @@ rather than a 422.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from switchyard.core.grammar import GrammarSpec
 from switchyard.core.params import SamplingParams, ValidationError
@@ -155,8 +155,8 @@ def plan_generation(service: GenerationService, inputs: str, p: GenerateParamete
     seeds: list[int | None] = [p.seed] if best_of == 1 else [None] * best_of
     if sampling:  # TGI draws the seed it reports, so every sampled answer is reproducible
         seeds = [random.getrandbits(63) if s is None else s for s in seeds]
-    params = tuple(sampling_params(p, sampling, max_new_tokens, seed, p.decoder_input_details, grammar)
-                   for seed in seeds)
+    base = sampling_params(p, sampling, max_new_tokens, seeds[0], p.decoder_input_details, grammar)
+    params = (base,) + tuple(replace(base, seed=seed) for seed in seeds[1:])  # best_of: only the seed differs
     full_text = default_return_full_text if p.return_full_text is None else p.return_full_text
     return GenerationPlan(inputs=inputs, prompt_ids=prompt_ids, params=params, sampling=sampling,
                           details=p.details or p.decoder_input_details,
