@@ -145,6 +145,9 @@ class Backend(ABC):
     priority: ClassVar[int] = 0
     # torch.distributed backend its shards talk over ("gloo", "nccl", "xccl"); None = one shard only
     dist_backend: ClassVar[str | None] = None
+    # The attention kernel `switchyard backends` names when the backend is not usable here
+    # (capabilities() is only asked of usable ones, whose attention_impl it then prints).
+    planned_attention_impl: ClassVar[str] = ""
 
     @classmethod
     @abstractmethod
