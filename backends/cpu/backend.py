@@ -32,6 +32,7 @@ def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
 class CpuBackend(Backend):
     name = "cpu"
     priority = 0
+    dist_backend = "gloo"
 
     def __init__(self, pack_weights: bool = True) -> None:
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step

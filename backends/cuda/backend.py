@@ -47,6 +47,7 @@ def probe_cuda() -> ProbeResult:
 class CudaBackend(Backend):
     name = "cuda"
     priority = 100
+    dist_backend = "nccl"  # RCCL on ROCm's HIP build, under the same name
     planned_attention_impl: ClassVar[str] = "triton paged attention, or flash-attn varlen when installed"
 
     def __init__(self, device_ops=None, cuda_graphs: bool = True, fused_layers: bool = True):
