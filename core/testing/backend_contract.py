@@ -130,14 +130,14 @@ class BackendContract:
 
     def test_attention_matches_the_reference_on_ragged_batches(self, backend):
         for case, step in self.steps(backend):
-            expected_cache, expected = step.reference()
+            _, expected = step.reference()
             kernel = backend.attention(step.spec)
             cache = step.cache.clone()
             kernel.write_kv(step.key, step.value, cache, step.meta)
             out = kernel.forward(step.query, cache, step.meta)
             assert out.shape == step.query.shape and out.dtype == step.spec.dtype, case
             dtype = str(step.spec.dtype).removeprefix("torch.")
-            torch.testing.assert_close(out.cpu(), expected, **self.tolerances[dtype], msg=lambda m: f"{case}: {m}")
+            torch.testing.assert_close(out.cpu(), expected, **self.tolerances[dtype], msg=lambda m, case=case: f"{case}: {m}")
 
     def test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches(self, backend):
         dtype, block_size = self.dtypes(backend)[0], self.block_sizes(backend)[0]

@@ -101,5 +101,5 @@ def test_the_cli_says_it_in_one_line_and_exits_2(command, capsys):
     assert main(command + ["--backend", "cpu", "--dtype", "float16"]) == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("switchyard: error:")]
-    assert errors == ["switchyard: error: backend 'cpu' does not support dtype 'float16'; "
-                      "it supports: float32, bfloat16"] and "Traceback" not in err
+    assert errors == [("switchyard: error: backend 'cpu' does not support dtype 'float16'; "
+                       "it supports: float32, bfloat16")] and "Traceback" not in err
