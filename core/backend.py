@@ -30,6 +30,9 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class Capabilities:
+    """What a backend can serve. The engine refuses a dtype or block size outside these
+    lists and turns off prefix caching / mixed steps a backend cannot do (capabilities.py)."""
+
     dtypes: tuple[str, ...]
     block_sizes: tuple[int, ...]
     mixed_prefill_decode: bool = True
