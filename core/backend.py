@@ -30,6 +30,9 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class Capabilities:
+    """What a backend can serve. The engine refuses a dtype or block size outside these
+    lists and turns off prefix caching / mixed steps a backend cannot do (capabilities.py)."""
+
     dtypes: tuple[str, ...]
     block_sizes: tuple[int, ...]
     mixed_prefill_decode: bool = True
@@ -145,6 +148,9 @@ class Backend(ABC):
     priority: ClassVar[int] = 0
     # torch.distributed backend its shards talk over ("gloo", "nccl", "xccl"); None = one shard only
     dist_backend: ClassVar[str | None] = None
+    # The attention kernel `switchyard backends` names when the backend is not usable here
+    # (capabilities() is only asked of usable ones, whose attention_impl it then prints).
+    planned_attention_impl: ClassVar[str] = ""
 
     @classmethod
     @abstractmethod

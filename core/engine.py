@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .backend import Backend
+from .capabilities import check_capabilities
 from .config import CacheConfig, EngineConfig
 from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
@@ -49,11 +50,13 @@ class EngineCore:
     """`tokenizer` is only needed for grammars; without it, it is loaded on the first one."""
 
     def __init__(self, config: EngineConfig, backend: Backend | None = None, tokenizer=None):
-        self.config = config
         self.backend = backend or select_backend(config.backend)
+        # refuses what the backend declares it cannot serve; turns off what it cannot do
+        self.config = config = check_capabilities(self.backend.name, self.backend.capabilities(), config)
         self.backend.init_device()
         block_size = config.cache.block_size
         self.loaded = load_model(config.model, self.backend, block_size)
+        self.backend.prepare_model(self.loaded, config)
         self.backend.profile_run(self.loaded, config)
         num_blocks = num_kv_blocks_for(config.cache, self.loaded, self.backend)
         kv_caches = self.backend.allocate_kv_cache(self.loaded.num_layers, num_blocks, self.loaded.attention_spec)

@@ -9,3 +9,13 @@ class EngineDeadError(RuntimeError):
 
 class ShardTerminated(EngineDeadError):
     """A shard process ended while serving; fatal: the server reports 503 and exits."""
+
+
+class BackendError(Exception):
+    """A backend was asked for that is unknown, failed to load, or is not usable here.
+    `switchyard` prints it as one line and exits 2 (a user error, not a crash)."""
+
+
+class BackendCapabilityError(BackendError):
+    """The chosen backend declares (Capabilities) that it cannot serve the configuration:
+    a dtype or block size outside its lists."""

@@ -9,18 +9,15 @@ the error as its reason, and the others are unaffected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 from stevedore import ExtensionManager
 
-from .backend import AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult
+from .backend import SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult, ShardInfo
+from .capabilities import check_capabilities
+from .config import EngineConfig
+from .errors import BackendError
 
 GROUP = "switchyard.backends"
-
-
-class BackendError(Exception):
-    """A backend was asked for that is unknown, failed to load, or is not usable here."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ def _priority(candidate: _Candidate) -> int:
 def _report(candidate: _Candidate) -> BackendReport:
     usable, reason = candidate.probe.usable, candidate.probe.reason
     capabilities = None
-    impl = getattr(candidate.cls, "planned_attention_impl", "")
+    impl = candidate.cls.planned_attention_impl if candidate.cls is not None else ""
     if usable:
         try:
             capabilities = candidate.cls().capabilities()
@@ -103,6 +100,14 @@ def select_backend(name: str | None = None) -> Backend:
     return candidate.cls()
 
 
+def check_backend(config: EngineConfig) -> EngineConfig:
+    """What an engine start would decide about the backend, without loading anything: the
+    configured (or best usable) backend is selected and its capabilities checked
+    (capabilities.py). Raises BackendError; `switchyard serve` calls it before it listens."""
+    backend = select_backend(config.backend)
+    return check_capabilities(backend.name, backend.capabilities(), config)
+
+
 def _summary(candidates: list[_Candidate]) -> str:
     return "; ".join(f"{c.name}: {c.probe.reason}" for c in candidates) or "no backends registered"
 
@@ -114,8 +119,6 @@ class PendingBackend(Backend):
     else raises NotImplementedError, so selecting one fails loudly instead of half-working.
     """
 
-    planned_attention_impl: ClassVar[str] = ""
-
     def _pending(self, what: str) -> NotImplementedError:
         return NotImplementedError(f"{self.name} backend: {what} arrives with its own issue")
 
@@ -126,7 +129,7 @@ class PendingBackend(Backend):
     def device(self) -> torch.device:
         raise self._pending("device")
 
-    def init_device(self) -> None:
+    def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         raise self._pending("init_device()")
 
     def available_memory_bytes(self) -> int:

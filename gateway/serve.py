@@ -202,6 +202,9 @@ def run_server(args: argparse.Namespace) -> int:
     configure_logging(args.json_output)
     config = engine_config(args)
     from switchyard.core.loader import choose_model
+    from switchyard.core.plugins import check_backend
+
+    check_backend(config)  # a backend that cannot serve the dtype or block size: a user error too
 
     # an unknown or unsupported model is a user error before the server starts
     logger.info("model %s", choose_model(config.model)[2].describe())

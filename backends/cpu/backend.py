@@ -32,6 +32,7 @@ def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
 class CpuBackend(Backend):
     name = "cpu"
     priority = 0
+    dist_backend = "gloo"
 
     def __init__(self, pack_weights: bool = True) -> None:
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
@@ -43,7 +44,8 @@ class CpuBackend(Backend):
         return ProbeResult(True, "always available")
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(8, 16, 32, 64, 128, 256),
+        # the kernel gathers whole blocks of any size; small ones serve tiny test models
+        return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
                             static_shapes=False, attention_impl=CPU_ATTENTION_IMPL)
 
@@ -66,13 +68,12 @@ class CpuBackend(Backend):
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
         return CpuAttentionKernel(spec, self._plans)
 
-    def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
-        """The plain runner, once the linear weights are packed for oneDNN (linear.py) and
-        the remaining linears know how this CPU multiplies a single row (tuning.py)."""
+    def prepare_model(self, loaded, config) -> None:
+        """Packs the linear weights for oneDNN (linear.py), then tells the remaining linears
+        how this CPU multiplies a single row (tuning.py). The plain runner runs the result."""
         if self.pack_weights:
             pack_linears(loaded.model)
         choose_single_row_products(loaded.model)
-        return super().make_runner(loaded, kv_caches, config)
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
         """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc),

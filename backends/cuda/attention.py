@@ -16,7 +16,7 @@ class TritonAttentionKernel(AttentionKernel):
     that depends only on the number of requests, and flash-decoding splits chosen
     from static sizes, so they can be captured in a CUDA graph."""
 
-    cuda_graph_safe = True  # decode-only batches read the metadata's device tensors and shapes alone
+    graph_safe = True  # decode-only batches read the metadata's device tensors and shapes alone
 
     def __init__(self, spec: AttentionSpec, num_sms: int | None = None):
         super().__init__(spec)

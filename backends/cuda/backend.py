@@ -47,6 +47,7 @@ def probe_cuda() -> ProbeResult:
 class CudaBackend(Backend):
     name = "cuda"
     priority = 100
+    dist_backend = "nccl"  # RCCL on ROCm's HIP build, under the same name
     planned_attention_impl: ClassVar[str] = "triton paged attention, or flash-attn varlen when installed"
 
     def __init__(self, device_ops=None, cuda_graphs: bool = True, fused_layers: bool = True):
@@ -92,12 +93,16 @@ class CudaBackend(Backend):
             return self.memory_profile.available_bytes
         return self.device_ops.mem_get_info()[0]
 
-    def profile_run(self, loaded, config: EngineConfig) -> None:
-        """Fuses the model's elementwise layers, then runs and measures a largest step."""
+    def prepare_model(self, loaded, config: EngineConfig) -> None:
+        """Points the model's norms, rotary, SiLU-and-mul and experts at fused Triton kernels
+        (fusion.py), unless fused_layers is off; self.fused counts what was swapped."""
         if self.fused_layers:
             from . import kernels
 
             self.fused = fuse_layers(loaded.model, kernels)
+
+    def profile_run(self, loaded, config: EngineConfig) -> None:
+        """Runs and measures a largest step (the model is already prepared)."""
         self.memory_profile = profile_run(loaded.model, self, self.device_ops, loaded.attention_spec,
                                           loaded.num_layers, config.scheduler.max_num_batched_tokens,
                                           config.scheduler.max_num_seqs)

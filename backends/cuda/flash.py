@@ -66,7 +66,7 @@ class FlashAttnKernel(AttentionKernel):
     """flash_attn_varlen_func over the paged cache; `write_kv` is the Triton scatter kernel
     (or any function with its contract: negative slots are skipped)."""
 
-    cuda_graph_safe = True  # reads seq_lens/block_table from the device; max_seq_len is an upper bound
+    graph_safe = True  # reads seq_lens/block_table from the device; max_seq_len is an upper bound
 
     def __init__(self, spec: AttentionSpec, varlen_func, write_kv_func):
         super().__init__(spec)

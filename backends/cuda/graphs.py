@@ -10,8 +10,8 @@ key of the reserved block 0 and their logits are never read. Steps with a prompt
 chunk, or more requests than the largest bucket, run eagerly (ModelRunner.execute).
 
 Graph capture freezes whatever the attention kernel reads from the metadata's host
-fields, so only kernels that declare `cuda_graph_safe = True` (they read the
-device tensors and shapes alone on decode-only batches) are captured; the
+fields, so only kernels that declare `graph_safe = True` (AttentionKernel.graph_safe: they
+read the device tensors and shapes alone on decode-only batches) are captured; the
 capture-time metadata holds worst-case host values (max_seq_len = max_model_len).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def bucket_for(num_requests: int, sizes: tuple[int, ...]) -> int | None:
 def graph_unsafe_kernels(model: torch.nn.Module) -> list[str]:
     """Names of the attention kernels of the model that cannot be captured."""
     names = {type(m.kernel).__name__ for m in model.modules()
-             if isinstance(m, PagedAttention) and not getattr(m.kernel, "cuda_graph_safe", False)}
+             if isinstance(m, PagedAttention) and not m.kernel.graph_safe}
     return sorted(names)
 
 

@@ -3,6 +3,8 @@
 graph-safe reference attention kernel that reads only the metadata's tensors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from switchyard.backends.cuda import CudaBackend
@@ -75,7 +77,7 @@ class DeviceReferenceKernel(AttentionKernel):
     must (a replayed graph sees new tensor values, never new host values); negative
     slots are skipped like the Triton kernel does."""
 
-    cuda_graph_safe = True
+    graph_safe = True
 
     def write_kv(self, key, value, kv_cache, meta) -> None:
         keep = meta.slot_mapping >= 0
@@ -97,8 +99,14 @@ class CpuCudaBackend(CudaBackend):
         self._device = torch.device("cpu")
         self._kernel = kernel
 
-    def init_device(self) -> None:
+    def init_device(self, shard=None) -> None:
         pass
+
+    def capabilities(self):
+        """The CUDA backend's, plus block size 4 (the tiny test engines'): the reference
+        kernels these fakes run serve any block size."""
+        caps = super().capabilities()
+        return replace(caps, block_sizes=(4,) + caps.block_sizes)
 
     def attention(self, spec):
         return self._kernel(spec)

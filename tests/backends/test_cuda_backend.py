@@ -96,7 +96,7 @@ def test_flash_attn_is_chosen_when_installed_and_fit(fake_flash_attn):
     assert CudaBackend().capabilities().attention_impl.startswith("flash-attn varlen (flash_attn 2.7.4 installed")
     backend = CudaBackend()
     kernel = backend.attention(spec_of(block_size=256))
-    assert isinstance(kernel, FlashAttnKernel) and kernel.cuda_graph_safe
+    assert isinstance(kernel, FlashAttnKernel) and kernel.graph_safe
     assert backend.attention_choices[spec_of(block_size=256)].reason == "flash-attn varlen (flash_attn 2.7.4 installed)"
     small = choose_attention(spec_of(block_size=16), fake_flash_attn)
     assert small.impl == "triton" and "block_size % 256 == 0, got 16" in small.reason

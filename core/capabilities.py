@@ -1,0 +1,47 @@
+"""What the engine does with a backend's declared Capabilities: the one place they are enforced.
+
+Called once when an engine starts, before anything is loaded:
+- a dtype or KV block size outside the declared lists is refused (BackendCapabilityError, one
+  line naming the backend, the value asked and the values it supports): running it anyway
+  would fail later inside a kernel, or silently compute something else;
+- prefix caching or mixed prefill/decode steps, asked of a backend that declares it cannot do
+  them, are turned off with one logged line (as vLLM does for prefix caching): both are
+  optimisations, and the engine serves the same tokens without them.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from .backend import Capabilities
+from .config import EngineConfig
+from .errors import BackendCapabilityError
+
+logger = logging.getLogger(__name__)
+
+# The dtype names a Capabilities.dtypes may hold (ModelConfig.dtype takes the same names).
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def _listed(values) -> str:
+    return ", ".join(str(v) for v in values) or "(none)"
+
+
+def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -> EngineConfig:
+    """The configuration this backend will run: `config` itself, or a copy with what the
+    backend cannot do turned off. Raises BackendCapabilityError for what it cannot serve."""
+    dtype = config.model.dtype
+    if dtype not in caps.dtypes:
+        raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
+                                     f"it supports: {_listed(caps.dtypes)}")
+    block_size = config.cache.block_size
+    if block_size not in caps.block_sizes:
+        raise BackendCapabilityError(f"backend {backend!r} does not support KV block size {block_size}; "
+                                     f"it supports: {_listed(caps.block_sizes)}")
+    if config.cache.enable_prefix_caching and not caps.prefix_caching:
+        logger.info("prefix caching off: backend %r does not support it", backend)
+        config = replace(config, cache=replace(config.cache, enable_prefix_caching=False))
+    if config.scheduler.mixed_prefill_decode and not caps.mixed_prefill_decode:
+        logger.info("steps are prefill-only or decode-only: backend %r cannot mix them", backend)
+        config = replace(config, scheduler=replace(config.scheduler, mixed_prefill_decode=False))
+    return config

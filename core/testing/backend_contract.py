@@ -1,0 +1,209 @@
+"""The backend contract as tests: any backend, in this tree or out of it, runs them.
+
+    import pytest
+    from switchyard.core.testing import BackendContract
+
+    class TestMyBackend(BackendContract):
+        @pytest.fixture
+        def backend(self):
+            return MyBackend()
+
+pytest collects the inherited tests for the subclass. They check what the engine relies on:
+probe() never raises, capabilities() are well formed, the KV cache layout, the attention
+kernel against the plain-torch reference on ragged batches (decodes first, then prompt
+chunks with cached prefixes; GQA; two declared block sizes; each tested dtype), write_kv
+touching exactly the slots of slot_mapping, a graph_safe kernel not reading the metadata's
+host tuples, greedy engine output (prepare_model, profile_run, make_runner and all) equal
+to the reference backend's, KV sizing, and the sharding hooks when unsharded.
+Class attributes narrow or widen what runs (dtypes, block sizes, groups, tolerances).
+"""
+from __future__ import annotations
+
+import functools
+import random
+import zlib
+from dataclasses import replace
+from typing import ClassVar
+
+import pytest
+import torch
+
+from ..backend import AttentionSpec, Backend, Capabilities, ProbeResult
+from ..capabilities import DTYPE_NAMES
+from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from ..engine import EngineCore
+from ..loader import torch_dtype
+from ..params import SamplingParams
+from ..request import Request
+from ..runner import ModelRunner
+from .batches import AttentionStep, random_step, ragged_lens
+from .reference_backend import ReferenceBackend
+
+TOLERANCES = {"float32": dict(atol=2e-5, rtol=1e-4), "bfloat16": dict(atol=3e-2, rtol=3e-2),
+              "float16": dict(atol=4e-3, rtol=4e-3)}
+PROMPTS = ([5, 9, 13, 17, 21, 25, 29], [7, 3], list(range(40, 80)), [11, 12, 13])
+
+
+class BackendContract:
+    """Override the `backend` fixture; set the class attributes to narrow what runs."""
+
+    dtypes_to_test: ClassVar[tuple[str, ...] | None] = None  # None: declared ones (no float16 on a CPU device)
+    block_sizes_to_test: ClassVar[tuple[int, ...] | None] = None  # None: the two smallest declared >= 8
+    gqa_groups: ClassVar[tuple[int, ...]] = (1, 3)  # query heads per KV head
+    num_kv_heads: ClassVar[int] = 2
+    head_dim: ClassVar[int] = 16
+    tolerances: ClassVar[dict[str, dict]] = TOLERANCES
+    generated_tokens: ClassVar[int] = 8
+
+    @pytest.fixture
+    def backend(self) -> Backend:
+        pytest.fail(f"{type(self).__name__} must override the `backend` fixture with an instance of its backend")
+
+    # -- what is tested -----------------------------------------------------------------
+    def dtypes(self, backend: Backend) -> tuple[str, ...]:
+        declared = backend.capabilities().dtypes
+        if self.dtypes_to_test is not None:
+            return tuple(d for d in self.dtypes_to_test if d in declared)
+        return tuple(d for d in declared if not (backend.device.type == "cpu" and d == "float16"))
+
+    def block_sizes(self, backend: Backend) -> tuple[int, ...]:
+        if self.block_sizes_to_test is not None:
+            return self.block_sizes_to_test
+        declared = sorted(backend.capabilities().block_sizes)
+        return tuple(([b for b in declared if b >= 8] or declared)[:2])
+
+    def spec(self, dtype: str, block_size: int, group: int) -> AttentionSpec:
+        return AttentionSpec(num_heads=self.num_kv_heads * group, num_kv_heads=self.num_kv_heads,
+                             head_dim=self.head_dim, block_size=block_size, scale=self.head_dim ** -0.5,
+                             dtype=torch_dtype(dtype))
+
+    def steps(self, backend: Backend):
+        """(case name, AttentionStep) for every tested dtype x block size x GQA group."""
+        for dtype in self.dtypes(backend):
+            for block_size in self.block_sizes(backend):
+                for group in self.gqa_groups:
+                    case = f"dtype={dtype} block_size={block_size} group={group}"
+                    seed = zlib.crc32(case.encode()) % 10_000
+                    lens, num_decodes = ragged_lens(random.Random(seed), block_size)
+                    yield case, random_step(self.spec(dtype, block_size, group), lens, num_decodes, seed,
+                                            backend.device)
+
+    # -- probe, capabilities, device ------------------------------------------------------
+    def test_probe_returns_a_probe_result_and_never_raises(self, backend):
+        result = type(backend).probe()
+        assert isinstance(result, ProbeResult) and isinstance(result.usable, bool)
+        assert isinstance(result.reason, str) and result.reason
+
+    def test_capabilities_are_well_formed(self, backend):
+        caps = backend.capabilities()
+        assert isinstance(caps, Capabilities)
+        assert caps.dtypes and set(caps.dtypes) <= set(DTYPE_NAMES), caps.dtypes
+        assert caps.block_sizes and all(isinstance(b, int) and b > 0 for b in caps.block_sizes), caps.block_sizes
+        assert isinstance(caps.attention_impl, str) and caps.attention_impl.strip()
+        flags = (caps.mixed_prefill_decode, caps.prefix_caching, caps.graph_mode, caps.static_shapes)
+        assert all(isinstance(flag, bool) for flag in flags)
+
+    def test_device_holds_tensors(self, backend):
+        assert isinstance(backend.device, torch.device)
+        assert torch.ones(2, device=backend.device).sum().item() == 2
+
+    def test_allocate_kv_cache_layout(self, backend):
+        for dtype in self.dtypes(backend):
+            for block_size in self.block_sizes(backend):
+                spec = self.spec(dtype, block_size, 1)
+                caches = backend.allocate_kv_cache(3, 5, spec)
+                assert len(caches) == 3
+                for cache in caches:
+                    assert cache.shape == (2, 5, block_size, spec.num_kv_heads, spec.head_dim)
+                    assert cache.dtype == spec.dtype and cache.device.type == backend.device.type
+                    assert not cache.any(), "a new KV cache must be zeros (masked slots are read)"
+                caches[0].fill_(1)
+                assert not caches[1].any(), "each layer needs its own storage"
+
+    # -- the attention kernel --------------------------------------------------------------
+    def test_write_kv_writes_exactly_the_slots_of_slot_mapping(self, backend):
+        for case, step in self.steps(backend):
+            expected_cache, _ = step.reference()
+            cache = step.cache.clone()
+            backend.attention(step.spec).write_kv(step.key, step.value, cache, step.meta)
+            assert torch.equal(cache.cpu(), expected_cache), case
+
+    def test_attention_matches_the_reference_on_ragged_batches(self, backend):
+        for case, step in self.steps(backend):
+            _, expected = step.reference()
+            kernel = backend.attention(step.spec)
+            cache = step.cache.clone()
+            kernel.write_kv(step.key, step.value, cache, step.meta)
+            out = kernel.forward(step.query, cache, step.meta)
+            assert out.shape == step.query.shape and out.dtype == step.spec.dtype, case
+            dtype = str(step.spec.dtype).removeprefix("torch.")
+            torch.testing.assert_close(out.cpu(), expected, **self.tolerances[dtype], msg=lambda m, case=case: f"{case}: {m}")
+
+    def test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches(self, backend):
+        dtype, block_size = self.dtypes(backend)[0], self.block_sizes(backend)[0]
+        kernel = backend.attention(self.spec(dtype, block_size, 2))
+        if not kernel.graph_safe:
+            pytest.skip(f"{type(kernel).__name__} does not declare graph_safe")
+        lens = [(1, 1), (1, block_size + 3), (1, 3 * block_size)]
+        step = random_step(kernel.spec, lens, len(lens), seed=5, device=backend.device)
+        garbage = replace(step.meta, query_start_loc_cpu=(7, 3), seq_lens_cpu=(1,) * 9,
+                          max_seq_len=4 * block_size)  # a graph captures worst-case host values
+        assert torch.equal(self._run(kernel, step, garbage), self._run(kernel, step, step.meta))
+
+    @staticmethod
+    def _run(kernel, step: AttentionStep, meta) -> torch.Tensor:
+        cache = step.cache.clone()
+        kernel.write_kv(step.key, step.value, cache, meta)
+        return kernel.forward(step.query, cache, meta).cpu()
+
+    # -- the whole engine ------------------------------------------------------------------
+    def test_engine_greedy_output_equals_the_reference_backend(self, backend):
+        """prepare_model, profile_run, num_kv_blocks, make_runner and the kernel, end to end."""
+        if "float32" not in backend.capabilities().dtypes:
+            pytest.skip("greedy tokens are compared in float32, which this backend does not declare")
+        block_size = self.block_sizes(backend)[0]
+        engine = EngineCore(_engine_config(block_size), backend=backend)
+        assert isinstance(engine.runner, ModelRunner)
+        assert engine.info.num_kv_blocks >= 2
+        got = _generate(engine, self.generated_tokens)
+        assert got == _reference_tokens(block_size, self.generated_tokens)
+
+    def test_num_kv_blocks_is_at_least_two(self, backend):
+        assert backend.num_kv_blocks(4096, CacheConfig()) >= 2
+
+    # -- sharding hooks, unsharded -----------------------------------------------------------
+    def test_no_communicator_when_unsharded(self, backend):
+        assert backend.communicator() is None
+
+    def test_a_shard_launcher_exactly_when_there_is_a_dist_backend(self, backend):
+        dist_backend = type(backend).dist_backend
+        assert dist_backend is None or (isinstance(dist_backend, str) and dist_backend)
+        assert (backend.shard_launcher() is None) == (dist_backend is None)
+
+
+def _engine_config(block_size: int) -> EngineConfig:
+    # the KV cache is sized by the backend (num_blocks None), like a server's
+    return EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy", seed=3, max_model_len=128),
+                        cache=CacheConfig(block_size=block_size, max_auto_blocks=64),
+                        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32))
+
+
+@functools.cache
+def _reference_tokens(block_size: int, max_tokens: int) -> dict[str, list[int]]:
+    return _generate(EngineCore(_engine_config(block_size), backend=ReferenceBackend(block_size)), max_tokens)
+
+
+def _generate(engine: EngineCore, max_tokens: int) -> dict[str, list[int]]:
+    """Greedy tokens of PROMPTS (one of them chunked: the step budget is 32 tokens)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    out = {f"r{i}": [] for i in range(len(PROMPTS))}
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(Request(f"r{i}", list(prompt), params))
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                out[output.request_id].extend(output.new_token_ids)
+    finally:
+        engine.shutdown()
+    return out
+
