@@ -61,7 +61,7 @@ class EngineCore:
         num_blocks = num_kv_blocks_for(config.cache, self.loaded, self.backend)
         kv_caches = self.backend.allocate_kv_cache(self.loaded.num_layers, num_blocks, self.loaded.attention_spec)
         self.runner = self.backend.make_runner(self.loaded, kv_caches, config)
-        self.scheduler = Scheduler.for_engine(config, num_blocks, self.backend.capabilities())
+        self.scheduler = Scheduler.for_engine(config, num_blocks)
         self.sampler = Sampler()
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import replace
 
 from .config import EngineConfig, SchedulerConfig
 from .kv import BlockPool, KVCacheManager
@@ -47,13 +46,11 @@ class Scheduler:
         self._awaiting_update = False  # schedule() returned an output update() has not seen
 
     @classmethod
-    def for_engine(cls, config: EngineConfig, num_blocks: int, capabilities) -> Scheduler:
-        """The configured policy, narrowed to what the backend (core.backend.Capabilities) can do."""
-        scheduler_config = config.scheduler
-        if not capabilities.mixed_prefill_decode:
-            scheduler_config = replace(scheduler_config, mixed_prefill_decode=False)
-        caching = config.cache.enable_prefix_caching and capabilities.prefix_caching
-        return cls(scheduler_config, KVCacheManager(BlockPool(num_blocks), config.cache.block_size, caching))
+    def for_engine(cls, config: EngineConfig, num_blocks: int) -> Scheduler:
+        """The configured policy; the engine has already narrowed `config` to what its backend
+        can do (core/capabilities.py)."""
+        return cls(config.scheduler, KVCacheManager(BlockPool(num_blocks), config.cache.block_size,
+                                                    config.cache.enable_prefix_caching))
 
     # ---- admission -------------------------------------------------------------
 

@@ -178,16 +178,18 @@ def test_cached_blocks_never_make_a_fitting_prompt_wait_or_a_too_long_one_pass()
 
 
 @pytest.mark.parametrize("mixes, caches", [(True, True), (False, False)])
-def test_the_engine_scheduler_follows_the_backend_capabilities(mixes, caches):
-    from types import SimpleNamespace
-
+def test_the_engine_scheduler_follows_the_narrowed_configuration(mixes, caches):
+    from switchyard.core.backend import Capabilities
+    from switchyard.core.capabilities import check_capabilities
     from switchyard.core.config import CacheConfig, EngineConfig
     from switchyard.core.scheduler import Scheduler
 
-    capabilities = SimpleNamespace(mixed_prefill_decode=mixes, prefix_caching=caches)
-    scheduler = Scheduler.for_engine(EngineConfig(cache=CacheConfig(block_size=8)), 32, capabilities)
+    capabilities = Capabilities(dtypes=("float32",), block_sizes=(8, 16), mixed_prefill_decode=mixes,
+                                prefix_caching=caches)
+    config = check_capabilities("test", capabilities, EngineConfig(cache=CacheConfig(block_size=8)))
+    scheduler = Scheduler.for_engine(config, 32)
     assert scheduler.config.mixed_prefill_decode is mixes and (scheduler.prefill_policy is None) is mixes
     assert scheduler.kv_cache_manager.enable_prefix_caching is caches
     assert scheduler.kv_cache_manager.block_size == 8 and scheduler.kv_cache_manager.block_pool.num_blocks == 32
-    off = Scheduler.for_engine(EngineConfig(cache=CacheConfig(enable_prefix_caching=False)), 32, capabilities)
+    off = Scheduler.for_engine(EngineConfig(cache=CacheConfig(enable_prefix_caching=False)), 32)
     assert not off.kv_cache_manager.enable_prefix_caching
