@@ -25,7 +25,8 @@ def fill_dummy_weights(model: nn.Module, seed: int, per_name: bool = False) -> N
             continue
         device = param.device
         if per_name:
-            generators[device] = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            name_seed = seed * 1_000_003 + zlib.crc32(name.encode())
+            generators[device] = torch.Generator(device=device).manual_seed(name_seed)
         elif device not in generators:
             generators[device] = torch.Generator(device=device).manual_seed(seed)
         if device.type == "cpu":

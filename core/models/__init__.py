@@ -124,5 +124,5 @@ def model_class(hf_config: Any) -> type[nn.Module]:
 
 
 __all__ = ["GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_IMPLS", "MODEL_TYPES", "ModelChoice",
-           "UnsupportedModelError", "attention_specs", "check_shardable", "model_class", "needs_remote_code", "select_model",
-           "supported_summary"]
+           "UnsupportedModelError", "attention_specs", "check_shardable", "model_class", "needs_remote_code",
+           "select_model", "supported_summary"]

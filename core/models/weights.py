@@ -7,7 +7,8 @@ tensors may be lazy (the loader's safetensors slices), so a shard reads only its
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from torch import nn
 

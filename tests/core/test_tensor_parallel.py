@@ -10,7 +10,7 @@ import torch
 from model_helpers import ReferenceBackend, ragged_prompts, run_two_steps, save_tiny
 from parity_helpers import greedy_ours
 from tp_helpers import run_sharded
-from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig)
+from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig
 
 from switchyard.core.backend import ShardInfo
 from switchyard.core.config import ModelConfig
@@ -69,8 +69,9 @@ def logits_of(loaded) -> dict[str, torch.Tensor]:
     return run_two_steps(loaded, ragged_prompts(loaded.vocab_size), decode_token=11, block_size=BLOCK_SIZE)
 
 
-def shard_job(shard: ShardInfo, communicator, paths: dict[str, str], greedy: tuple[str, ...]) -> dict:
-    """In each shard process: every model's logits, its big parameters, what it read."""
+def shard_job(shard: ShardInfo, communicator, models: dict[str, dict], greedy: tuple[str, ...]) -> dict:
+    """In each shard process: every model's (name: ModelConfig fields) logits, its big
+    parameters, what it read."""
     read: list[int] = []
     narrow = safetensors_weights.LazyTensor.narrow
 
@@ -81,9 +82,9 @@ def shard_job(shard: ShardInfo, communicator, paths: dict[str, str], greedy: tup
 
     safetensors_weights.LazyTensor.narrow = counting_narrow
     results = {}
-    for name, path in paths.items():
+    for name, fields in models.items():
         read.clear()
-        loaded = load_model(ModelConfig(model=path), ReferenceBackend(), BLOCK_SIZE, shard, communicator)
+        loaded = load_model(ModelConfig(**fields), ReferenceBackend(), BLOCK_SIZE, shard, communicator)
         spec = loaded.attention_spec
         results[name] = {
             "logits": logits_of(loaded), "elements_read": sum(read),
@@ -117,8 +118,9 @@ def assert_matches_unsharded(per_rank: list[dict], name: str, path: str) -> dict
 
 @pytest.fixture(scope="module")
 def two_shards(checkpoints) -> list[dict]:
-    paths = {name: checkpoints[name] for name in two_shard_configs()}
-    return run_sharded(2, shard_job, paths, ("llama",))
+    models = {name: {"model": checkpoints[name]} for name in two_shard_configs()}
+    models["dummy"] = {"model": "llama-tiny", "load_format": "dummy"}
+    return run_sharded(2, shard_job, models, ("llama",))
 
 
 @pytest.mark.slow
@@ -154,6 +156,14 @@ def test_two_shards_split_heads_and_replicate_a_lone_kv_head(two_shards):
 
 
 @pytest.mark.slow
+def test_a_named_shape_with_dummy_weights_runs_sharded(two_shards):
+    """`--model llama-tiny --load-format dummy` sharded: every rank ends with the same finite logits."""
+    rank0, rank1 = (results["dummy"]["logits"] for results in two_shards)
+    for key, logits in rank0.items():
+        assert torch.isfinite(logits).all() and torch.equal(logits, rank1[key])
+
+
+@pytest.mark.slow
 def test_two_shards_greedy_32_tokens_equal_one_shard(two_shards, checkpoints):
     loaded = load_model(ModelConfig(model=checkpoints["llama"]), ReferenceBackend(), BLOCK_SIZE)
     expected = greedy_ours(loaded, list(ragged_prompts(loaded.vocab_size).values()), 32)
@@ -162,7 +172,7 @@ def test_two_shards_greedy_32_tokens_equal_one_shard(two_shards, checkpoints):
 
 @pytest.mark.slow
 def test_three_shards_with_the_default_models_heads(checkpoints):
-    per_rank = run_sharded(3, shard_job, {"nine_heads": checkpoints["nine_heads"]}, ())
+    per_rank = run_sharded(3, shard_job, {"nine_heads": {"model": checkpoints["nine_heads"]}}, ())
     whole = assert_matches_unsharded(per_rank, "nine_heads", checkpoints["nine_heads"])
     assert [r["nine_heads"]["heads"] for r in per_rank] == [(3, 1)] * 3
     for results in per_rank:
