@@ -12,6 +12,7 @@ from parity_helpers import greedy_ours
 from tp_helpers import run_sharded
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig
 
+from switchyard.backends.cpu.linear import pack_linears, packing_supported
 from switchyard.core.backend import ShardInfo
 from switchyard.core.config import ModelConfig
 from switchyard.core.loader import load_model, safetensors_weights
@@ -70,8 +71,8 @@ def logits_of(loaded) -> dict[str, torch.Tensor]:
 
 
 def shard_job(shard: ShardInfo, communicator, models: dict[str, dict], greedy: tuple[str, ...]) -> dict:
-    """In each shard process: every model's (name: ModelConfig fields) logits, its big
-    parameters, what it read."""
+    """In each shard process: every model's (name: ModelConfig fields, and "pack": swap its
+    Linears for the CPU backend's packed ones) logits, its big parameters, what it read."""
     read: list[int] = []
     narrow = safetensors_weights.LazyTensor.narrow
 
@@ -84,7 +85,11 @@ def shard_job(shard: ShardInfo, communicator, models: dict[str, dict], greedy: t
     results = {}
     for name, fields in models.items():
         read.clear()
+        fields = dict(fields)
+        pack = fields.pop("pack", False)
         loaded = load_model(ModelConfig(**fields), ReferenceBackend(), BLOCK_SIZE, shard, communicator)
+        if pack:
+            assert pack_linears(loaded.model) > 0
         spec = loaded.attention_spec
         results[name] = {
             "logits": logits_of(loaded), "elements_read": sum(read),
@@ -120,6 +125,8 @@ def assert_matches_unsharded(per_rank: list[dict], name: str, path: str) -> dict
 def two_shards(checkpoints) -> list[dict]:
     models = {name: {"model": checkpoints[name]} for name in two_shard_configs()}
     models["dummy"] = {"model": "llama-tiny", "load_format": "dummy"}
+    if packing_supported():
+        models["llama_packed"] = {"model": checkpoints["llama"], "pack": True}
     return run_sharded(2, shard_job, models, ("llama",))
 
 
@@ -153,6 +160,14 @@ def test_two_shards_split_heads_and_replicate_a_lone_kv_head(two_shards):
     # one KV head, four query heads: each shard holds two query heads and the KV head
     assert [r["replicated_kv"]["heads"] for r in two_shards] == [(2, 1), (2, 1)]
     assert two_shards[0]["replicated_kv"]["shapes"]["model.layers.0.self_attn.qkv_proj.weight"] == (64, 64)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not packing_supported(), reason="oneDNN weight packing is not available")
+def test_backend_swapped_linears_keep_the_sum_right(two_shards, checkpoints):
+    """The all-reduce sits outside the Linear and the row-parallel bias on rank 0 only, so a
+    backend that swaps every Linear for its own (the CPU backend's packed ones) still sums right."""
+    assert_matches_unsharded(two_shards, "llama_packed", checkpoints["llama"])
 
 
 @pytest.mark.slow
