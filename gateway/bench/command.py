@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from .workload import Server, Workload, chat_bodies
 
 CHAT_PATH = "/v1/chat/completions"
 DEFAULT_URL = "http://127.0.0.1:8080"
+LOADING_POLL_S = 1.0  # between warm-ups while a server answers 503 (loading)
 DESCRIPTION = """Drives OpenAI-compatible servers (Switchyard, llama.cpp's llama-server, vLLM, ...) with
 streaming /v1/chat/completions clients at each concurrency, greedy, the output length forced
 (max_tokens, min_tokens, ignore_eos), over a fixed prompt set, after a few warm-up requests.
@@ -153,10 +155,17 @@ async def bench_server(server: Server, workload: Workload, model: str | None,
 
 
 async def _warm_up(client, workload: Workload, model: str) -> None:
-    """`warmup` short requests at once, not measured; all of them failing stops the server's runs."""
+    """`warmup` short requests at once, not measured. While the server answers every one with
+    503 (a model still loading) they are sent again, for up to the request timeout; all of
+    them failing otherwise stops this server's runs."""
     if workload.warmup <= 0:
         return
     bodies = chat_bodies(model, workload.warmup, min(workload.output_len, workload.warmup_len))
-    records, _ = await drive(client, CHAT_PATH, bodies, workload.warmup)
-    if all(not r.ok for r in records):
-        raise BenchError(f"every warm-up request failed: {records[0].error}")
+    deadline = time.monotonic() + workload.timeout_s
+    while True:
+        records, _ = await drive(client, CHAT_PATH, bodies, workload.warmup)
+        if any(r.ok for r in records):
+            return
+        if not all(r.error.startswith("HTTP 503") for r in records) or time.monotonic() > deadline:
+            raise BenchError(f"every warm-up request failed: {records[0].error}")
+        await asyncio.sleep(LOADING_POLL_S)
