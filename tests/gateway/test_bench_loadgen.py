@@ -137,3 +137,10 @@ def test_the_bench_client_imports_no_torch():
     code = ("import sys; import switchyard.gateway.bench.command, switchyard.gateway.bench.plot; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_server_specs_take_a_label_or_name_themselves_by_address():
+    assert Server.parse("vllm=http://127.0.0.1:8102/v1/") == Server("vllm", "http://127.0.0.1:8102")
+    assert Server.parse("http://127.0.0.1:8080") == Server("127.0.0.1:8080", "http://127.0.0.1:8080")
+    with pytest.raises(ValueError, match="not an http"):
+        Server.parse("ours=127.0.0.1:8080")
