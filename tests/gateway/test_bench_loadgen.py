@@ -135,6 +135,8 @@ def test_progress_is_a_plain_line_without_tqdm(monkeypatch):
 
 def test_the_bench_client_imports_no_torch():
     code = ("import sys; import switchyard.gateway.bench.command, switchyard.gateway.bench.plot; "
+            "from switchyard.gateway.cli import build_parser; "
+            "build_parser({}).parse_args(['bench', 'serve', '--compare', 'http://a:1', 'b=http://b:2']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
