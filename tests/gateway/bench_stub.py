@@ -22,6 +22,11 @@ class StubConfig:
     loading_for: int = 0  # the first n chat requests answer 503, as a server still loading
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default 5 resets connections when many clients connect at once
+
+
 @dataclass(frozen=True)
 class Received:
     body: dict
@@ -36,8 +41,7 @@ class StubServer:
         self.received: list[Received] = []
         self._lock = threading.Lock()
         self._count = 0
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
