@@ -56,10 +56,11 @@ def add_bench_command(commands) -> None:
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     serve = kinds.add_parser("serve", help="drive running servers with streaming chat clients",
                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--url", type=_server, default=None,
-                       help=f"the server to drive, [label=]URL (default {DEFAULT_URL})")
-    serve.add_argument("--compare", type=_server, nargs="+", metavar="[LABEL=]URL",
-                       help="several servers, run one after another; the first is the ratio's baseline")
+    targets = serve.add_mutually_exclusive_group()
+    targets.add_argument("--url", type=_server, default=None,
+                         help=f"the server to drive, [label=]URL (default {DEFAULT_URL})")
+    targets.add_argument("--compare", type=_server, nargs="+", metavar="[LABEL=]URL",
+                         help="several servers, run one after another; the first is the ratio's baseline")
     serve.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
     serve.add_argument("--concurrency", type=_concurrencies, default=(1, 8, 32, 64), help="e.g. 1,8,32,64")
     serve.add_argument("--output-len", type=int, default=128,
@@ -70,8 +71,8 @@ def add_bench_command(commands) -> None:
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
     serve.add_argument("--output", type=Path, default=None, help="write every run to this JSON-lines file")
-    serve.add_argument("--results", type=Path, nargs="+", default=None,
-                       help="print (and plot) these results files instead of running")
+    targets.add_argument("--results", type=Path, nargs="+", default=None,
+                         help="print (and plot) these results files instead of running")
     serve.add_argument("--plot", type=Path, default=None, metavar="DIR",
                        help="write throughput.png, ttft.png and itl.png here (needs matplotlib)")
     serve.set_defaults(run=run_bench_serve)
@@ -87,7 +88,11 @@ def run_bench_serve(args: argparse.Namespace) -> int:
             print(f"switchyard: error: {exc}", file=sys.stderr)
             return 2
     if args.results:
-        results, failed = read_results(args.results), False
+        try:
+            results, failed = read_results(args.results), False
+        except (OSError, ValueError) as exc:
+            print(f"switchyard: error: {exc}", file=sys.stderr)
+            return 2
     else:
         servers = args.compare or [args.url or Server.parse(DEFAULT_URL)]
         workload = Workload(concurrencies=args.concurrency, output_len=args.output_len,

@@ -77,8 +77,8 @@ def test_results_files_print_the_same_table_without_running(tmp_path, capsys):
     assert _row(table, "b", 1)[2] == [c.strip() for c in measured[1].strip("|").split("|")][2]
     assert read_results([first, second])[1].label == "b"
     (tmp_path / "bad.jsonl").write_text('{"label": "x"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
-        read_results([tmp_path / "bad.jsonl"])
+    assert main(["bench", "serve", "--results", str(tmp_path / "bad.jsonl")]) == 2
+    assert "bad.jsonl:1: not a bench result line (missing" in capsys.readouterr().err
 
 
 def test_errors_and_an_unreachable_server_make_a_failing_exit(tmp_path, capsys):
