@@ -96,6 +96,9 @@ def build_parser(environ=None) -> argparse.ArgumentParser:
     _add_engine_flags(serve, environ)
     add_serve_flags(serve, environ)
     serve.set_defaults(run=_cmd_serve)
+    from .bench.command import add_bench_command
+
+    add_bench_command(commands)
     return parser
 
 
