@@ -1,12 +1,8 @@
-"""The CPU backend's device side: capabilities, memory, gloo communicator, multiprocess launcher."""
+"""The CPU backend's device side: capabilities, memory (its shards: tests/backends/test_distributed.py)."""
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 import torch
-from torch.multiprocessing import ProcessRaisedException
 
 from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend
 from switchyard.backends.cpu.backend import _meminfo_available_bytes
@@ -35,31 +31,3 @@ def test_available_memory(tmp_path):
 
 def test_no_communicator_without_a_process_group():
     assert CpuBackend().communicator() is None
-
-
-def _collectives(rank: int, world_size: int, result_dir: str) -> None:
-    backend = CpuBackend()
-    backend.init_device()  # joins the gloo group from the launcher's environment
-    comm = backend.communicator()
-    summed = comm.all_reduce(torch.tensor([rank + 1.0, 10.0]))
-    gathered = comm.all_gather(torch.full((2, 1), float(rank)), dim=-1)
-    broadcast = comm.broadcast(torch.tensor([100.0 + rank]), src=1)
-    result = dict(summed=summed.tolist(), gathered=gathered.tolist(), broadcast=broadcast.tolist())
-    (Path(result_dir) / f"{rank}.json").write_text(json.dumps(result))
-
-
-def _fail(rank: int, world_size: int) -> None:
-    if rank == 1:
-        raise ValueError("shard 1 failed on purpose")
-
-
-def test_launcher_runs_collectives_over_gloo(tmp_path):
-    CpuBackend().shard_launcher().launch(2, _collectives, (str(tmp_path),))
-    for rank in range(2):
-        result = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert result == dict(summed=[3.0, 20.0], gathered=[[0.0, 1.0], [0.0, 1.0]], broadcast=[101.0])
-
-
-def test_launcher_raises_when_a_shard_fails():
-    with pytest.raises(ProcessRaisedException, match="shard 1 failed on purpose"):
-        CpuBackend().shard_launcher().launch(2, _fail, ())
