@@ -47,8 +47,11 @@ class ShardModel:
 
 
 def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo = SINGLE_SHARD) -> ShardModel:
-    """Device, this shard's slice of the model, its KV cache and runner (every rank alike)."""
+    """Device, this shard's slice of the model, its KV cache and runner (every rank alike).
+    Sharded, every rank takes rank 0's config, so nodes started with other flags still agree."""
     backend.init_device(shard)
+    if shard.sharded:
+        config = broadcast_object(config if shard.rank == 0 else None)
     # TODO(tpmodel merge): pass shard=shard, communicator=backend.communicator(); until then
     # every rank loads the whole (replicated) model and the runtime runs it in lockstep.
     loaded = load_model(config.model, backend, config.cache.block_size)
@@ -115,6 +118,7 @@ class ShardSet:
         """Every shard runs step; rank 0's results. A shard that died raises ShardTerminated."""
         if not self.sharded:
             return runner.execute(step)
+        self.check()  # a local shard that ended: say which, before any collective meets it
         try:
             broadcast_object(step)
             return runner.execute(step)
