@@ -59,10 +59,13 @@ def init_process_group(shard: ShardInfo, dist_backend: str, timeout_s: float = 3
                        device: torch.device | None = None) -> None:
     """Joins the shard group at shard.master_addr:master_port (rank 0 hosts the store) and
     creates the gloo control group. A peer that does not arrive within timeout_s, or a data
-    collective that waits longer, raises instead of hanging. No-op when not sharded."""
+    collective that waits longer, raises instead of hanging. No-op when not sharded; a
+    process belongs to one shard group at a time (destroy_process_group leaves it)."""
     global _control
-    if not shard.sharded or dist.is_initialized():
+    if not shard.sharded:
         return
+    if dist.is_initialized():
+        raise RuntimeError("this process already belongs to a shard group (shut its engine down first)")
     extra = {"device_id": device} if device is not None and device.type != "cpu" else {}
     dist.init_process_group(dist_backend, init_method=f"tcp://{shard.master_addr}:{shard.master_port}",
                             rank=shard.rank, world_size=shard.world_size,
