@@ -51,6 +51,7 @@ class CpuBackend(Backend):
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
         # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
         self.pack_weights = pack_weights and packing_supported()
+        self._local_shards = 1  # shards of one model on this machine share its memory
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -68,6 +69,7 @@ class CpuBackend(Backend):
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         """Sharded: pins this process to its own slice of the cores (shard_cores), with as
         many torch threads as cores, then joins the gloo group."""
+        self._local_shards = shard.local_world_size
         if shard.sharded:
             cores = shard_cores(sorted(os.sched_getaffinity(0)), shard.local_rank, shard.local_world_size)
             os.sched_setaffinity(0, cores)
@@ -76,10 +78,11 @@ class CpuBackend(Backend):
         super().init_device(shard)
 
     def available_memory_bytes(self) -> int:
+        """This shard's share of the machine's available memory."""
         available = _meminfo_available_bytes()
-        if available is not None:
-            return available
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if available is None:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return available // self._local_shards
 
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
         return CpuAttentionKernel(spec, self._plans)

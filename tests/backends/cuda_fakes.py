@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from switchyard.backends.cuda import CudaBackend
-from switchyard.core.backend import AttentionKernel
+from switchyard.core.backend import SINGLE_SHARD, AttentionKernel
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine import EngineCore
 from switchyard.core.params import SamplingParams
@@ -97,7 +97,7 @@ class CpuCudaBackend(CudaBackend):
         self._device = torch.device("cpu")
         self._kernel = kernel
 
-    def init_device(self) -> None:
+    def init_device(self, shard=SINGLE_SHARD) -> None:
         pass
 
     def attention(self, spec):

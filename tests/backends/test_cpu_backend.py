@@ -1,12 +1,16 @@
 """The CPU backend's device side: capabilities, memory (its shards: tests/backends/test_distributed.py)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend
+from switchyard.backends.cpu import backend as cpu_backend_module
 from switchyard.backends.cpu.backend import _meminfo_available_bytes
-from switchyard.core.backend import AttentionSpec
+from switchyard.core import distributed
+from switchyard.core.backend import AttentionSpec, ShardInfo
 
 
 def test_probe_capabilities_and_device():
@@ -19,6 +23,21 @@ def test_probe_capabilities_and_device():
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=8, block_size=16, scale=0.3)
     assert isinstance(backend.attention(spec), CpuAttentionKernel)
     assert [c.shape for c in backend.allocate_kv_cache(2, 5, spec)] == [(2, 5, 16, 2, 8)] * 2
+
+
+def test_sharded_init_device_pins_joins_gloo_and_takes_its_share_of_memory(monkeypatch):
+    seen, threads = {}, torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: seen.setdefault("cores", sorted(cores)))
+    monkeypatch.setattr(distributed, "init_process_group", lambda shard, name: seen.setdefault("group", name))
+    monkeypatch.setattr(cpu_backend_module, "_meminfo_available_bytes", lambda: 3000)
+    backend = CpuBackend()
+    try:
+        backend.init_device(ShardInfo(rank=2, world_size=3, local_rank=2, local_world_size=3))
+        assert seen == {"cores": [4, 5], "group": "gloo"} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert backend.available_memory_bytes() == 1000  # the machine's memory, shared by its 3 shards
 
 
 def test_available_memory(tmp_path):
