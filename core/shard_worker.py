@@ -138,7 +138,7 @@ class ShardSet:
             if failure is not None:
                 return ShardTerminated(failure)
             time.sleep(0.05)
-        return ShardTerminated(f"a shard stopped answering: {type(exc).__name__}: {exc}")
+        return ShardTerminated(f"the sharded step failed (the shards are out of step): {type(exc).__name__}: {exc}")
 
     def shutdown(self, timeout: float = 10.0, graceful: bool = True) -> None:
         """Tells the workers to stop (every node's; not when graceful is False, e.g. while they
