@@ -5,8 +5,9 @@
 A tiny random Llama (12 heads / 6 KV heads, so 1, 2 and 3 shards all divide it) runs
 decode steps through the real engine; on rank 0 (this process) the step broadcast
 (core/shard_worker.broadcast_object) and the model's collectives (TorchCommunicator) are
-timed. Then two ways of sending a c=32 decode step to the shards are compared:
-broadcast_object_list (pickle, two broadcasts) and the pickle in one fixed-size buffer.
+timed. Then two ways of sending a c=32 decode step to the shards are compared: torch's
+broadcast_object_list (pickle, then two broadcasts) and core.distributed.broadcast_object
+(the pickle in one fixed-size buffer).
 Figures from a shared 2-core machine are an overhead, not a speed-up.
 """
 from __future__ import annotations
@@ -26,9 +27,6 @@ from switchyard.core.backend import ShardInfo
 from switchyard.core.request import Request
 from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from switchyard.core.shard_group import ProcessShardLauncher
-
-BUFFER_BYTES = 1 << 16
-
 
 class CommTimer:
     """Wraps the communication entry points of rank 0 and adds up their wall time."""
@@ -101,15 +99,14 @@ def c32_step() -> SchedulerOutput:
 def _receive(shard: ShardInfo, rounds: int) -> None:
     distributed.init_process_group(shard, "gloo")
     for _ in range(rounds):
-        distributed.broadcast_object()
-    buffer = torch.empty(BUFFER_BYTES, dtype=torch.uint8)
+        torch.distributed.broadcast_object_list([None], 0, group=distributed.control_group())
     for _ in range(rounds):
-        torch.distributed.broadcast(buffer, 0, group=distributed.control_group())
-        pickle.loads(buffer[8:8 + int(buffer[:8].view(torch.int64))].numpy().tobytes())
+        distributed.broadcast_object()
 
 
 def compare_encodings(rounds: int = 200) -> tuple[float, float, int]:
-    """(ms per broadcast_object_list, ms per one-buffer broadcast, pickled bytes) at c=32."""
+    """(ms per torch broadcast_object_list, ms per core.distributed.broadcast_object,
+    pickled bytes) of a c=32 decode step."""
     port = shard_worker.free_port("127.0.0.1")
     shards = [ShardInfo(r, 2, r, "127.0.0.1", port, 2) for r in range(2)]
     group = ProcessShardLauncher().start(shards[1:], _receive, (rounds,))
@@ -118,15 +115,11 @@ def compare_encodings(rounds: int = 200) -> tuple[float, float, int]:
     try:
         start = time.perf_counter()
         for _ in range(rounds):
-            distributed.broadcast_object(step)
+            torch.distributed.broadcast_object_list([step], 0, group=distributed.control_group())
         objects = (time.perf_counter() - start) / rounds * 1e3
         start = time.perf_counter()
         for _ in range(rounds):
-            payload = pickle.dumps(step)
-            buffer = torch.zeros(BUFFER_BYTES, dtype=torch.uint8)
-            buffer[:8] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
-            buffer[8:8 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            torch.distributed.broadcast(buffer, 0, group=distributed.control_group())
+            distributed.broadcast_object(step)
         one_buffer = (time.perf_counter() - start) / rounds * 1e3
         group.wait(60)
     finally:
@@ -149,8 +142,8 @@ def main() -> None:
                 step, comm = decode_steps(model_dir, shards, c, args.steps)
                 print(f"{shards:>6} {c:>2} {step:8.2f} {comm:8.2f} {comm / step:10.1%}", flush=True)
     objects, one_buffer, size = compare_encodings()
-    print(f"c=32 step ({size} bytes pickled): broadcast_object_list {objects:.3f} ms, "
-          f"one {BUFFER_BYTES >> 10} KiB buffer {one_buffer:.3f} ms")
+    print(f"c=32 step ({size} bytes pickled): torch broadcast_object_list {objects:.3f} ms, "
+          f"broadcast_object (one {distributed.OBJECT_BUFFER_BYTES >> 10} KiB buffer) {one_buffer:.3f} ms")
 
 
 if __name__ == "__main__":

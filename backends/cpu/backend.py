@@ -67,14 +67,17 @@ class CpuBackend(Backend):
         return torch.device("cpu")
 
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
-        """Sharded: pins this process to its own slice of the cores (shard_cores), with as
-        many torch threads as cores, then joins the gloo group."""
+        """Sharded: as many torch threads as this shard's slice of the cores (shard_cores),
+        then the gloo group. A worker process is pinned to its slice; rank 0 is not, since it
+        shares the engine's process (and what it starts later, e.g. grammar workers, would
+        inherit the pinning): it runs on the slice the workers leave free."""
         self._local_shards = shard.local_world_size
         if shard.sharded:
             cores = shard_cores(sorted(os.sched_getaffinity(0)), shard.local_rank, shard.local_world_size)
-            os.sched_setaffinity(0, cores)
+            if shard.rank != 0:
+                os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))
-            logger.info("shard %d pinned to cores %s", shard.rank, cores)
+            logger.info("shard %d on cores %s%s", shard.rank, cores, "" if shard.rank else " (unpinned)")
         super().init_device(shard)
 
     def available_memory_bytes(self) -> int:

@@ -33,6 +33,9 @@ def test_sharded_init_device_pins_joins_gloo_and_takes_its_share_of_memory(monke
     monkeypatch.setattr(cpu_backend_module, "_meminfo_available_bytes", lambda: 3000)
     backend = CpuBackend()
     try:
+        CpuBackend().init_device(ShardInfo(rank=0, world_size=3, local_rank=0, local_world_size=3))
+        assert seen == {"group": "gloo"} and torch.get_num_threads() == 2  # rank 0: the engine's process
+        seen.clear()
         backend.init_device(ShardInfo(rank=2, world_size=3, local_rank=2, local_world_size=3))
         assert seen == {"cores": [4, 5], "group": "gloo"} and torch.get_num_threads() == 2
     finally:

@@ -98,6 +98,28 @@ def test_sampling_with_n_and_a_grammar_match_one_shard(pair):
                                                                               FinishReason.LENGTH)
 
 
+def _logprobs(engine, prompts, params) -> dict[str, list[tuple]]:
+    for i, prompt in enumerate(prompts):
+        engine.add_request(Request(f"lp-{i}", list(prompt), params))
+    seen: dict[str, list[tuple]] = {f"lp-{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen[out.request_id].append((out.new_token_ids, out.logprob, out.top_logprobs))
+    return seen
+
+
+def test_log_probabilities_agree_within_1e_4(pair):
+    single, sharded = pair
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    want, got = _logprobs(single.engine, PROMPTS, params), _logprobs(sharded.engine, PROMPTS, params)
+    for rid, steps in want.items():
+        assert [s[0] for s in got[rid]] == [s[0] for s in steps]
+        for (_, logprob, top), (_, want_logprob, want_top) in zip(got[rid], steps):
+            assert logprob == pytest.approx(want_logprob, abs=1e-4)
+            assert [t for t, _ in top] == [t for t, _ in want_top]
+            assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-4)
+
+
 def test_abort_mid_generation_leaves_the_other_requests_alone(pair):
     single, sharded = pair
     expected = [r.token_ids for r in single.generate(PROMPTS[:3], GREEDY)]
