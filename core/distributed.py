@@ -22,7 +22,7 @@ from .config import ParallelConfig
 CONTROL_TIMEOUT = timedelta(days=30)
 
 # One broadcast per step carries up to this many bytes of pickled SchedulerOutput.
-OBJECT_BUFFER_BYTES = 1 << 16
+OBJECT_BUFFER_BYTES = 8 << 10
 
 _control: dist.ProcessGroup | None = None
 
@@ -99,9 +99,11 @@ def control_group() -> dist.ProcessGroup:
 
 def broadcast_object(obj=None, src: int = 0):
     """Rank src's picklable obj, on every rank (over the control group). One broadcast of a
-    fixed buffer carries a typical step (a c=32 decode step pickles to ~4 KB); a larger
-    object takes a second one for the rest. benchmarks/shard_comm.py measured this at
-    0.6x the time of torch's broadcast_object_list (pickle, then sizes and bytes apart)."""
+    fixed 8 KiB buffer carries a typical step (a c=32 decode step pickles to ~4 KB); a
+    larger object takes a second one for the rest. On a busy 2-core machine
+    (benchmarks/shard_comm.py) a c=32 step took 1.0-3.0 ms this way and 3.1-10.4 ms with
+    torch's broadcast_object_list (pickle, then sizes and bytes apart); a 64 KiB buffer
+    was slower than either."""
     group, room = control_group(), OBJECT_BUFFER_BYTES - 8
     buffer = torch.zeros(OBJECT_BUFFER_BYTES, dtype=torch.uint8)
     payload = b""

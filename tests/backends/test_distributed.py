@@ -19,7 +19,7 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.backend import shard_cores
 from switchyard.core.backend import ShardInfo
 from switchyard.core.config import ParallelConfig
-from switchyard.core.distributed import init_process_group, plan_node
+from switchyard.core.distributed import OBJECT_BUFFER_BYTES, broadcast_object, init_process_group, plan_node
 from switchyard.core.shard_group import ProcessShardLauncher
 from switchyard.core.shard_worker import free_port
 
@@ -45,9 +45,12 @@ def _collectives(shard: ShardInfo, result_dir: str) -> None:
     summed = comm.all_reduce(torch.tensor([rank + 1.0, 10.0]))
     gathered = comm.all_gather(torch.full((2, 1), float(rank)), dim=-1)
     broadcast = comm.broadcast(torch.tensor([100.0 + rank]), src=1)
+    big = list(range(OBJECT_BUFFER_BYTES))  # needs a second broadcast after the fixed buffer
+    objects = [broadcast_object(obj if rank == 0 else None) for obj in (("step", 1), big, None)]
     result = dict(summed=summed.tolist(), gathered=gathered.tolist(), broadcast=broadcast.tolist(),
                   threads=torch.get_num_threads(), cores=sorted(os.sched_getaffinity(0)),
-                  env=[os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"]])
+                  env=[os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"]],
+                  objects=[objects[0], objects[1] == big, objects[2]])
     (Path(result_dir) / f"{rank}.json").write_text(json.dumps(result))
 
 
@@ -61,7 +64,7 @@ def _sleep(shard: ShardInfo) -> None:
 
 
 @pytest.mark.slow
-def test_launcher_runs_collectives_over_gloo_on_disjoint_cores(tmp_path):
+def test_launcher_runs_collectives_and_object_broadcasts_over_gloo_on_disjoint_cores(tmp_path):
     all_cores = sorted(os.sched_getaffinity(0))
     shards = _shards(2)
     group = CpuBackend().shard_launcher().start(shards, _collectives, (str(tmp_path),))
@@ -69,7 +72,7 @@ def test_launcher_runs_collectives_over_gloo_on_disjoint_cores(tmp_path):
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     for rank, result in enumerate(results):
         assert result["summed"] == [3.0, 20.0] and result["gathered"] == [[0.0, 1.0], [0.0, 1.0]]
-        assert result["broadcast"] == [101.0]
+        assert result["broadcast"] == [101.0] and result["objects"] == [["step", 1], True, None]
         assert result["env"] == [str(rank), "2", str(shards[0].master_port)]
         assert result["threads"] == len(shard_cores(all_cores, rank, 2))
     assert results[0]["cores"] == all_cores  # rank 0 (the engine's process) is not pinned ...
@@ -154,22 +157,3 @@ def test_plan_node_numbers_ranks_as_torchrun():
     with pytest.raises(ValueError, match="node rank 2 is not in 0..1"):
         plan_node(ParallelConfig(tensor_parallel_size=2, nnodes=2, node_rank=2), 99)
 
-
-def _objects(shard: ShardInfo, result_dir: str) -> None:
-    from switchyard.core.distributed import OBJECT_BUFFER_BYTES, broadcast_object
-
-    init_process_group(shard, "gloo")
-    sent = [("step", 1), list(range(OBJECT_BUFFER_BYTES)), None]  # the second needs two broadcasts
-    got = [broadcast_object(obj if shard.rank == 0 else None) for obj in sent]
-    (Path(result_dir) / f"{shard.rank}.json").write_text(json.dumps([got[0], len(got[1]), got[1][-3:], got[2]]))
-
-
-@pytest.mark.slow
-def test_broadcast_object_carries_small_and_large_objects(tmp_path):
-    group = ProcessShardLauncher().start(_shards(2), _objects, (str(tmp_path),))
-    assert group.wait(120) and group.failure() is None
-    from switchyard.core.distributed import OBJECT_BUFFER_BYTES
-
-    for rank in range(2):
-        got = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert got == [["step", 1], OBJECT_BUFFER_BYTES, list(range(OBJECT_BUFFER_BYTES))[-3:], None]
