@@ -108,6 +108,9 @@ class TpuBackend(Backend):
         """The static-shape runner, compiled for every bucket before it is returned."""
         import torch_xla
 
+        # weights loaded or filled on the device are still pending lazy ops: materialize them
+        # now, or the first warm-up graph would include them and differ from every later step's
+        torch_xla.sync()
         sched = config.scheduler
         buckets = ShapeBuckets.for_limits(sched.max_num_batched_tokens, sched.max_num_seqs,
                                           loaded.max_model_len, config.cache.block_size)

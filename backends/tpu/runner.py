@@ -78,7 +78,7 @@ class StaticShapeRunner(ModelRunner):
         self.sync = sync
         self.warm_up_seconds = 0.0
 
-    @torch.inference_mode()
+    @torch.no_grad()  # torch_xla refuses inference tensors
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
         host = build_step_input(scheduler_output, self.block_size, torch.device("cpu"))
         step, num_logits = pad_step(host, self.buckets)
@@ -100,7 +100,7 @@ class StaticShapeRunner(ModelRunner):
         self.sync()
         return logits.cpu(), None if all_logits is None else all_logits.cpu()
 
-    @torch.inference_mode()
+    @torch.no_grad()  # torch_xla refuses inference tensors
     def warm_up(self) -> int:
         """Runs one all-padding step of every bucket shape (its writes land in reserved
         block 0); returns how many shapes were run. Sets warm_up_seconds."""

@@ -19,11 +19,13 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
             continue
-        device = param.device
+        # XLA devices have no torch.Generator: drawn on the host, like the CPU's values
+        device = torch.device("cpu") if param.device.type == "xla" else param.device
         if device not in generators:
             generators[device] = torch.Generator(device=device).manual_seed(seed)
         if device.type == "cpu":
-            values = torch.randn(param.shape, generator=generators[device], dtype=torch.float32) * DUMMY_STD
+            values = torch.randn(param.shape, generator=generators[device], dtype=torch.float32,
+                                 device=device) * DUMMY_STD
             param.data.copy_(values)
         else:
             param.data.normal_(0.0, DUMMY_STD, generator=generators[device])
