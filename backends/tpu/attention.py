@@ -16,9 +16,8 @@ import torch
 
 from switchyard.core.backend import AttentionKernel, AttentionMetadata
 
-# Masked scores: a large finite negative, not -inf, so a padding token whose keys are all
-# masked averages (finite) garbage instead of producing NaN that would poison nothing but
-# still trips checks.
+# Masked scores: a large finite negative, not -inf: a padding token (all of its keys masked)
+# then gets a finite, discarded output instead of NaN.
 MASKED = -1e30
 
 
