@@ -20,7 +20,7 @@ from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpe
 from .attention import PallasAttentionKernel, XlaAttentionKernel
 from .buckets import ShapeBuckets
 from .env import tpu_shard_env
-from .launcher import EnvShardLauncher
+from switchyard.core.shard_group import ProcessShardLauncher
 from .runner import StaticShapeRunner
 
 XLA_ATTENTION_IMPL = ("XLA gather attention: static token/request buckets, block table padded to "
@@ -130,5 +130,5 @@ class TpuBackend(Backend):
             return GlooCommunicator()  # plain torch.distributed calls, here over the "xla" group
         return None
 
-    def shard_launcher(self) -> EnvShardLauncher:
-        return EnvShardLauncher(self.shard_env)
+    def shard_launcher(self) -> ProcessShardLauncher:
+        return ProcessShardLauncher(env_for=self.shard_env)

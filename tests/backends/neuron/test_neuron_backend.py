@@ -9,7 +9,7 @@ from switchyard.backends.neuron import NeuronBackend
 from switchyard.backends.neuron.device import DEFAULT_COMPILE_CACHE, NeuronHost
 from switchyard.backends.neuron.env import compile_cache_url, neuron_shard_env, visible_cores
 from switchyard.backends.tpu.buckets import ShapeBuckets
-from switchyard.backends.tpu.launcher import EnvShardLauncher
+from switchyard.core.shard_group import ProcessShardLauncher
 from switchyard.core.backend import ShardInfo
 from switchyard.core.plugins import discover_backends
 
@@ -102,10 +102,9 @@ def test_launcher_starts_each_shard_process_with_its_own_cores(tmp_path):
     backend = NeuronBackend(compile_cache="/cache", host=FakeHost())
     shards = [ShardInfo(rank=r, world_size=2, local_rank=r) for r in range(2)]
     launcher = backend.shard_launcher()
-    assert isinstance(launcher, EnvShardLauncher)
+    assert isinstance(launcher, ProcessShardLauncher)
     group = launcher.start(shards, _report_env, (tmp_path,))
-    for _, process in group.processes:
-        process.join(60)
+    assert group.wait(60)
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["0 /cache", "1 /cache"]
     assert "NEURON_RT_VISIBLE_CORES" not in __import__("os").environ  # the parent's env is restored
     group.stop()
@@ -113,9 +112,9 @@ def test_launcher_starts_each_shard_process_with_its_own_cores(tmp_path):
 
 @pytest.mark.slow
 def test_launcher_reports_a_shard_that_ended():
-    group = EnvShardLauncher(lambda shard: {}).start([ShardInfo(rank=0, world_size=1)], _fail)
-    group.processes[0][1].join(60)
-    assert "rank 0" in group.failure() and "exit code 3" in group.failure()
+    group = NeuronBackend(host=FakeHost()).shard_launcher().start([ShardInfo(rank=0, world_size=1)], _fail)
+    assert group.wait(60)
+    assert group.failure().startswith("Shard 0 terminated") and "3" in group.failure()
     group.stop()
 
 
