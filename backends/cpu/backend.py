@@ -9,13 +9,20 @@ import torch.distributed as dist
 from switchyard.core.backend import AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult
 
 from .attention import CpuAttentionKernel, StepPlanCache
+from .extension import PagedDecode
 from .distributed import GlooCommunicator, MultiprocessLauncher, init_process_group
 from .linear import pack_linears, packing_supported
 from .tuning import choose_single_row_products
 
-CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups "
-                      "of 16, short bf16 ones as one batched matmul; one call per prompt chunk); "
-                      "linear weights packed for oneDNN")
+GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "
+               "short bf16 ones as one batched matmul; one call per prompt chunk)")
+
+
+def _cache_root(cache_dir: str | None) -> str:
+    """Where compiled kernels are kept: the model's cache_dir (ModelConfig), else ~/.cache/switchyard."""
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    return cache_dir or default_cache_root()
 
 
 def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
@@ -33,8 +40,10 @@ class CpuBackend(Backend):
     name = "cpu"
     priority = 0
 
-    def __init__(self, pack_weights: bool = True) -> None:
+    def __init__(self, pack_weights: bool = True, in_place_decode: bool = True) -> None:
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
+        # Decode attention in place (C++, built at warm-up); in_place_decode=False forces the gather path.
+        self._decode = PagedDecode(enabled=in_place_decode)
         # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
         self.pack_weights = pack_weights and packing_supported()
 
@@ -45,7 +54,11 @@ class CpuBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(8, 16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
-                            static_shapes=False, attention_impl=CPU_ATTENTION_IMPL)
+                            static_shapes=False, attention_impl=self.attention_impl())
+
+    def attention_impl(self, cache_dir: str | None = None) -> str:
+        decodes = self._decode.describe(_cache_root(cache_dir))
+        return f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed for oneDNN"
 
     @property
     def device(self) -> torch.device:
@@ -64,11 +77,13 @@ class CpuBackend(Backend):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
-        return CpuAttentionKernel(spec, self._plans)
+        return CpuAttentionKernel(spec, self._plans, self._decode)
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
         """The plain runner, once the linear weights are packed for oneDNN (linear.py) and
-        the remaining linears know how this CPU multiplies a single row (tuning.py)."""
+        the remaining linears know how this CPU multiplies a single row (tuning.py), and the
+        in-place decode kernel is built or reused (extension.py; the gather path if it fails)."""
+        self._decode.load(_cache_root(config.model.cache_dir))
         if self.pack_weights:
             pack_linears(loaded.model)
         choose_single_row_products(loaded.model)
