@@ -29,7 +29,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_decode.cpp")
-CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17")
+CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno")
 
 
 @dataclass(frozen=True)

@@ -226,17 +226,19 @@ def test_in_place_decodes_match_reference(in_place, monkeypatch, dtype, block_si
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_in_place_kernel_on_smollm2_shapes_with_a_strided_query(in_place, dtype):
-    """48 requests of ~200 tokens, 9 query heads on 3 KV heads, head_dim 64; the query is a
-    column slice of a fused projection (rows not contiguous), as a model may hand it over."""
+@pytest.mark.parametrize("head_dim", [64, 128, 80])  # the two specialised head dims, and the generic code
+def test_in_place_kernel_on_many_requests_with_a_strided_query(in_place, dtype, head_dim):
+    """48 requests of ~200 tokens, 9 query heads on 3 KV heads (SmolLM2's shapes at head_dim
+    64); the query is a column slice of a fused projection (rows not contiguous), as a model
+    may hand it over."""
     gen, rng = torch.Generator().manual_seed(5), random.Random(5)
     lens = [(1, rng.randint(150, 250)) for _ in range(48)]
     meta = make_meta(lens, 48, 16, 1024, rng)
-    cache = torch.randn(2, 1024, 16, 3, 64, generator=gen).to(dtype)
-    fused = torch.randn(48, 15, 64, generator=gen).to(dtype)  # q (9 heads), k (3), v (3)
+    cache = torch.randn(2, 1024, 16, 3, head_dim, generator=gen).to(dtype)
+    fused = torch.randn(48, 15, head_dim, generator=gen).to(dtype)  # q (9 heads), k (3), v (3)
     query = fused[:, :9]
     assert not query.is_contiguous()
-    spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, scale=0.125, dtype=dtype)
+    spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=head_dim, block_size=16, scale=0.125, dtype=dtype)
     out = CpuAttentionKernel(spec, decode=in_place).forward(query, cache, meta)
     expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
                                          meta.block_table, 0.125)

@@ -4,7 +4,7 @@
 // folded), walk the request's tokens through its block table, score them against the
 // group's queries, and keep an online (flash-decoding) softmax in float32: a running
 // max m, a running sum l and an unnormalised output acc per query head, rescaled once
-// per tile of kTile tokens. float32 and bfloat16 caches; queries and outputs in the
+// per cache block. float32 and bfloat16 caches; queries and outputs in the
 // cache's dtype; accumulation in float32. Scale, sliding window and soft cap as
 // AttentionSpec declares them. Work is split over (request, KV head) with
 // at::parallel_for. Loops are written for the compiler to vectorise (-O3,
@@ -27,7 +27,7 @@ namespace {
 
 constexpr int64_t kMaxGroup = 16;
 constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kTile = 32;  // tokens scored between two rescales of acc
+constexpr int64_t kMaxBlock = 256;  // tokens per cache block, scored between two rescales of acc
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) {
@@ -83,13 +83,15 @@ struct Shape {
   int64_t window;
 };
 
-// Attention of one request's `group` query heads over KV head h.
-template <typename T>
+// Attention of one request's `group` query heads over KV head h. kD > 0: the head
+// dimension as a compile-time constant (its loops unroll; measured 2x faster at 64);
+// 0: s.head_dim.
+template <typename T, int64_t kD>
 void attend_one(const Shape& s, const T* query, T* out, const T* cache, const int32_t* table, int64_t seq_len,
                 int64_t h) {
-  const int64_t D = s.head_dim, G = s.group;
+  const int64_t D = kD > 0 ? kD : s.head_dim, G = s.group;
   float q[kMaxGroup * kMaxHeadDim], acc[kMaxGroup * kMaxHeadDim];
-  float scores[kMaxGroup * kTile], row_buffer[kMaxHeadDim];
+  float scores[kMaxGroup * kMaxBlock], row_buffer[kMaxHeadDim];
   float m[kMaxGroup], l[kMaxGroup];
   for (int64_t g = 0; g < G; ++g) {
     const T* qg = query + (h * G + g) * s.q_stride1;
@@ -99,19 +101,18 @@ void attend_one(const Shape& s, const T* query, T* out, const T* cache, const in
     l[g] = 0.0f;
   }
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
-  const int64_t head_offset = h * D;
-  auto row_at = [&](int64_t pos) {
-    const int64_t block = table[pos / s.block_size];
-    return ((block * s.block_size + pos % s.block_size) * s.num_kv_heads) * D + head_offset;
-  };
-  for (int64_t start = first; start < seq_len; start += kTile) {
-    const int64_t n = std::min(kTile, seq_len - start);
+  const int64_t bs = s.block_size, row_stride = s.num_kv_heads * D;
+  // One tile per block: its rows are base + i * row_stride, no division per token.
+  for (int64_t block = first / bs; block * bs < seq_len; ++block) {
+    const int64_t lo = std::max(first, block * bs), n = std::min(seq_len, (block + 1) * bs) - lo;
+    const T* keys = cache + (static_cast<int64_t>(table[block]) * bs + (lo - block * bs)) * row_stride + h * D;
+    const T* values = keys + s.kv_half;
     for (int64_t t = 0; t < n; ++t) {
-      const float* k = row_as_float(cache + row_at(start + t), row_buffer, D);
-      for (int64_t g = 0; g < G; ++g) scores[g * kTile + t] = dot(q + g * D, k, D) * s.scale;
+      const float* k = row_as_float(keys + t * row_stride, row_buffer, D);
+      for (int64_t g = 0; g < G; ++g) scores[g * kMaxBlock + t] = dot(q + g * D, k, D) * s.scale;
     }
     for (int64_t g = 0; g < G; ++g) {
-      float* sg = scores + g * kTile;
+      float* sg = scores + g * kMaxBlock;
       if (s.soft_cap > 0.0f) {
         for (int64_t t = 0; t < n; ++t) sg[t] = s.soft_cap * std::tanh(sg[t] / s.soft_cap);
       }
@@ -132,9 +133,9 @@ void attend_one(const Shape& s, const T* query, T* out, const T* cache, const in
       for (int64_t d = 0; d < D; ++d) ag[d] *= alpha;
     }
     for (int64_t t = 0; t < n; ++t) {
-      const float* v = row_as_float(cache + s.kv_half + row_at(start + t), row_buffer, D);
+      const float* v = row_as_float(values + t * row_stride, row_buffer, D);
       for (int64_t g = 0; g < G; ++g) {
-        const float p = scores[g * kTile + t];
+        const float p = scores[g * kMaxBlock + t];
         float* ag = acc + g * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) ag[d] += p * v[d];
@@ -148,7 +149,7 @@ void attend_one(const Shape& s, const T* query, T* out, const T* cache, const in
   }
 }
 
-template <typename T>
+template <typename T, int64_t kD>
 void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
          const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t batch) {
   const T* q = query.const_data_ptr<T>();
@@ -159,9 +160,22 @@ void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const a
   at::parallel_for(0, batch * s.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.num_kv_heads, h = item % s.num_kv_heads;
-      attend_one<T>(s, q + b * s.q_stride0, o + b * s.o_stride0, cache, table + b * s.table_width, lens[b], h);
+      attend_one<T, kD>(s, q + b * s.q_stride0, o + b * s.o_stride0, cache, table + b * s.table_width, lens[b], h);
     }
   });
+}
+
+template <typename T>
+void dispatch_head_dim(const Shape& s, const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                       const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t batch) {
+  // Specialised code for the common head dims; generic otherwise.
+  if (s.head_dim == 64) {
+    run<T, 64>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  } else if (s.head_dim == 128) {
+    run<T, 128>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  } else {
+    run<T, 0>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  }
 }
 
 void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -180,15 +194,16 @@ void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_
   const int64_t batch = query.size(0), heads = query.size(1), head_dim = query.size(2);
   const int64_t kv_heads = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == head_dim && heads % kv_heads == 0, "head shapes do not match the cache");
-  TORCH_CHECK(heads / kv_heads <= kMaxGroup && head_dim <= kMaxHeadDim, "group or head_dim too large");
+  TORCH_CHECK(heads / kv_heads <= kMaxGroup && head_dim <= kMaxHeadDim && kv_cache.size(2) <= kMaxBlock,
+              "group, head_dim or block size too large");
   TORCH_CHECK(block_table.size(0) >= batch && seq_lens.size(0) >= batch, "fewer block-table rows than queries");
   Shape s{kv_cache.size(2), kv_heads, head_dim, heads / kv_heads, block_table.stride(0),
           kv_cache.stride(0), query.stride(0), query.stride(1), out.stride(0), out.stride(1),
           static_cast<float>(scale), static_cast<float>(soft_cap), window};
   if (kv_cache.scalar_type() == at::kFloat) {
-    run<float>(s, out, query, kv_cache, block_table, seq_lens, batch);
+    dispatch_head_dim<float>(s, out, query, kv_cache, block_table, seq_lens, batch);
   } else if (kv_cache.scalar_type() == at::kBFloat16) {
-    run<c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, batch);
+    dispatch_head_dim<c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, batch);
   } else {
     TORCH_CHECK(false, "paged_decode supports float32 and bfloat16 caches, not ", kv_cache.scalar_type());
   }
