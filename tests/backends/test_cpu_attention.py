@@ -3,6 +3,7 @@ path, and the in-place C++ decode kernel (built once into the default cache root
 an engine start would; the first build takes about a minute)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
 
@@ -299,3 +300,42 @@ def test_backend_reports_the_decode_path(in_place):
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
     assert backend.attention(spec)._decode is backend._decode
     assert CpuBackend(in_place_decode=False).attention(spec)._decode.op is None
+
+
+@pytest.mark.slow
+def test_engine_decodes_in_place_with_the_same_tokens(tmp_path):
+    """Through the real engine (a tiny Llama, SmolLM2's head_dim 64 and group 3, several blocks
+    per request): the backend
+    builds the kernel at warm-up, the decode steps read the cache in place, and greedy
+    tokens equal those of the forced gather path."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
+    from switchyard.core.engine import EngineCore
+    from switchyard.core.params import SamplingParams
+    from switchyard.core.request import Request
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    engine_config = EngineConfig(model=ModelConfig(model=str(tmp_path)), backend="cpu",
+                                 cache=CacheConfig(block_size=8, num_blocks=64))
+    prompts = [[1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41], [1, 7, 3], list(range(1, 20))]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    outputs, in_place_calls = [], []
+    for backend in (CpuBackend(), CpuBackend(in_place_decode=False)):
+        engine = EngineCore(engine_config, backend=backend)
+        if backend._decode.op is not None:
+            op = backend._decode.op
+            backend._decode.build = dataclasses.replace(
+                backend._decode.build, op=lambda *args: (in_place_calls.append(1), op(*args)))
+        for i, prompt in enumerate(prompts):
+            engine.add_request(Request(f"r{i}", prompt, params))
+        tokens = {f"r{i}": [] for i in range(len(prompts))}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+        outputs.append(tokens)
+    assert len(in_place_calls) >= 2 * 19  # both layers, every decode step
+    assert outputs[0] == outputs[1] and all(len(t) == 20 for t in outputs[0].values())
