@@ -61,7 +61,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads (default: torch's); 1 is steadier on a busy machine")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     in_place = PagedDecode()
     build = in_place.load(default_cache_root())
     if not build.available:
