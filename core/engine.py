@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
 
 import torch
 
 from .backend import Backend
 from .config import CacheConfig, EngineConfig
+from .engine_messages import EngineInfo  # torch-free: it crosses to the gateway
 from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
 from .loader import LoadedModel, load_model, load_tokenizer
@@ -20,19 +20,6 @@ from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    backend: str
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    eos_token_ids: tuple[int, ...]
-
-    @property
-    def max_batch_total_tokens(self) -> int:
-        return (self.num_kv_blocks - 1) * self.block_size
 
 
 def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend) -> int:
