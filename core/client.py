@@ -159,8 +159,9 @@ class ChannelEngineClient(EngineClient):
         """Start the engine; the owner's end of its channel."""
 
     @abstractmethod
-    def _ended(self) -> str | None:
-        """Why the engine is gone (e.g. its process's exit code), or None while it runs."""
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        """Why the engine is gone (e.g. its process's exit code), or None while it runs
+        (after waiting up to `wait_s` for it to end)."""
 
     @abstractmethod
     def _close(self, timeout: float) -> None:
@@ -264,7 +265,7 @@ class ChannelEngineClient(EngineClient):
                 event = self._channel.recv(0.5)
             except EOFError:
                 if not self._stopping:
-                    self._die(EngineDeadError(self._ended() or "the engine closed its channel"))
+                    self._die(EngineDeadError(self._ended(wait_s=2.0) or "the engine closed its channel"))
                 return
             if event is None:
                 ended = self._ended()
@@ -377,7 +378,8 @@ class InProcessEngineClient(ChannelEngineClient):
         self.engine, tokenizer = self._engine_factory()
         return self.engine, tokenizer
 
-    def _ended(self) -> str | None:
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        self._thread.join(wait_s)
         return None if self._thread.is_alive() else "the engine thread ended"
 
     def _close(self, timeout: float) -> None:

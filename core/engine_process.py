@@ -64,9 +64,12 @@ class ProcessEngineClient(ChannelEngineClient):
             raise self._failure
         return self.model_description
 
-    def _ended(self) -> str | None:
-        code = self.process.poll()
-        return None if code is None else f"the engine process ended (exit code {code})"
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        try:
+            code = self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return f"the engine process ended (exit code {code})"
 
     def _close(self, timeout: float) -> None:
         for stop in (None, self.process.terminate, self.process.kill):
