@@ -336,15 +336,15 @@ class ChannelEngineClient(EngineClient):
         """The engine is gone: every stream and waiting caller gets the error; not ready."""
         if not isinstance(error, EngineDeadError):
             error = EngineDeadError(f"the engine failed: {type(error).__name__}: {error}")
+        self._ready.clear()  # /health: 503 from now on
         logger.error("the engine stopped serving: %s", error)
-        self._failure = error
-        self._ready.clear()
         with self._lock:
             request_ids = list(self._streams)
             pending, self._pending = list(self._pending.values()), {}
         self._deliver([(request_id, error) for request_id in request_ids])
         for future in pending:
             _settle_threadsafe(future, error)
+        self._failure = error  # last: the gateway exits on it, after the streams got their error
 
 
 class InProcessEngineClient(ChannelEngineClient):
