@@ -299,6 +299,8 @@ class ChannelEngineClient(EngineClient):
         elif isinstance(event, Ready):
             self.info, self.tokenizer, self._load = event.info, event.tokenizer, event.load
             self._ready.set()
+        elif isinstance(event, StartupFailed) and self._stopping:
+            logger.info("the engine, asked to stop while starting, did not start: %s", event.error)
         elif isinstance(event, StartupFailed):
             self.startup_error = event.error
             self._failure = event.error
