@@ -16,120 +16,24 @@ import itertools
 import logging
 import threading
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .client_base import EngineClient, RequestStream
 from .engine_channel import Channel, queue_pair
 from .engine_loop import serve_engine
 from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, EngineLoad, LoadChanged,
-                              ModelChecked, Ready,
-                              Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop)
+                              ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop)
 from .errors import EngineDeadError
 from .request import Request, RequestOutput
 
 if TYPE_CHECKING:
     from .grammar.spec import GrammarSpec
 
-__all__ = ["EngineClient", "EngineDeadError", "EngineLoad", "InProcessEngineClient", "RequestStream", "StepStats"]
+__all__ = ["ChannelEngineClient", "EngineClient", "EngineDeadError", "EngineLoad", "InProcessEngineClient",
+           "RequestStream", "StepStats"]
 logger = logging.getLogger(__name__)
-
-
-class RequestStream:
-    """The outputs of one request, in order. Raises the engine's error if it failed."""
-
-    def __init__(self, request: Request, abort: Callable[[str], None]):
-        self.request_id = request.request_id
-        self.num_prompt_tokens = request.num_prompt_tokens
-        self.arrival_time = request.arrival_time
-        self.first_token_time: float | None = None
-        self.finished = False
-        self._abort = abort
-        self.loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    def abort(self) -> None:
-        """Withdraw the request if it is still running (idempotent)."""
-        if not self.finished:
-            self.finished = True
-            self._abort(self.request_id)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished and self._queue.empty():
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if self.first_token_time is None and item.new_token_ids:
-            self.first_token_time = time.monotonic()
-        if item.finished:
-            self.finished = True
-        return item
-
-
-class EngineClient(ABC):
-    """The interface the gateway talks to."""
-
-    tokenizer: object
-    info: EngineInfo | None
-    # called with each step's StepStats, in the client's reader thread (the gateway's metrics)
-    on_step: Callable[[StepStats], None] | None = None
-
-    @abstractmethod
-    async def add_requests(self, requests: list[Request]) -> list[RequestStream]:
-        """Queue several requests together (the n sequences of a prompt); all or none.
-        Raises ValidationError if the engine rejects one."""
-
-    async def add_request(self, request: Request) -> RequestStream:
-        return (await self.add_requests([request]))[0]
-
-    @abstractmethod
-    def abort(self, request_id: str) -> None: ...
-
-    @abstractmethod
-    async def compile_grammar(self, spec: GrammarSpec) -> None:
-        """Compile (and cache) a grammar before submitting the request that uses it;
-        raises GrammarError if it is invalid, unsupported or too slow to compile."""
-
-    @property
-    @abstractmethod
-    def ready(self) -> bool:
-        """True once the model is loaded and warmed up, and while the engine serves."""
-
-    @property
-    def num_unfinished(self) -> int:
-        return 0
-
-    @property
-    def load(self) -> EngineLoad | None:
-        """The engine's latest load, or None if it does not report one."""
-        return None
-
-    @property
-    def failure(self) -> BaseException | None:
-        """Why the engine cannot serve: its start-up error, or why it died; None while fine."""
-        return None
-
-    def start(self) -> None:
-        """Begin loading the model (returns at once)."""
-
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        """Until ready; raises the start-up error if loading failed."""
-
-    async def wait_failure(self) -> BaseException:
-        """Until the engine fails (start-up or later); returns why."""
-        while self.failure is None:
-            await asyncio.sleep(0.1)
-        return self.failure
-
-    async def shutdown(self, timeout: float = 10.0) -> None: ...
 
 
 class ChannelEngineClient(EngineClient):
@@ -347,6 +251,7 @@ class ChannelEngineClient(EngineClient):
         for future in pending:
             _settle_threadsafe(future, error)
         self._failure = error  # last: the gateway exits on it, after the streams got their error
+        self._model_checked.set()  # a start-up that waits for the check gets the failure
 
 
 class InProcessEngineClient(ChannelEngineClient):

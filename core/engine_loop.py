@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .engine_channel import Channel
 from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
-from .errors import ShardTerminated
+from .errors import EngineDeadError, ShardTerminated
 from .output_processor import OutputProcessor
 from .request import FinishReason, Request
 
@@ -148,7 +148,7 @@ class EngineLoop:
     def _compile(self, command: CompileGrammar) -> None:
         """On the engine's grammar workers; answered from their thread when done."""
         def settle(future) -> None:
-            error = future.exception()
+            error = EngineDeadError("the grammar compile was cancelled") if future.cancelled() else future.exception()
             self.channel.send(Settled(command.token, None if error is None else portable(error)))
 
         self.engine.grammar_service.compile(command.spec).add_done_callback(settle)

@@ -155,3 +155,20 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.slow
+def test_a_start_up_error_comes_back_as_itself():
+    from dataclasses import replace
+
+    from switchyard.core.plugins import BackendError
+
+    client = ProcessEngineClient(replace(TINY, backend="no-such-backend"))
+    client.start()
+    try:
+        assert client.wait_model_checked(300)  # the model is fine; building the engine is not
+        with pytest.raises(BackendError, match="no-such-backend"):
+            asyncio.run(client.wait_ready(300))
+        assert client.startup_error is client.failure and not client.ready
+    finally:
+        asyncio.run(client.shutdown())
