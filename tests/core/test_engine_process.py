@@ -51,7 +51,7 @@ def process_client():
 @pytest.mark.slow
 def test_the_process_engine_serves_and_its_errors_keep_their_types(process_client):
     async def run():
-        await process_client.wait_ready(timeout=300)
+        await process_client.wait_ready(timeout=600)
         assert process_client.info.num_kv_blocks == 64 and process_client.load.num_kv_blocks_total == 63
         outs = await _collect(await process_client.add_request(_request("a", 6)))
         assert sum(len(o.new_token_ids) for o in outs) == 6 and outs[-1].finished
@@ -70,7 +70,7 @@ def test_the_process_engine_serves_and_its_errors_keep_their_types(process_clien
 @pytest.mark.slow
 def test_a_killed_engine_process_fails_streams_and_health_at_once(process_client):
     async def run():
-        await process_client.wait_ready(timeout=300)
+        await process_client.wait_ready(timeout=600)
         assert health_response(process_client).status_code == 200
         stream = await process_client.add_request(_request("long", 10_000))
         await stream.__anext__()  # it is generating
@@ -92,7 +92,7 @@ def test_a_terminated_shard_is_fatal_and_stops_the_loop():
     client.start()
 
     async def run():
-        await client.wait_ready(timeout=300)
+        await client.wait_ready(timeout=600)
         stream = await client.add_request(_request("s", 10_000))
         await stream.__anext__()
         shut = []
@@ -115,7 +115,7 @@ def test_a_failed_step_fails_the_batch_and_keeps_serving():
     client.start()
 
     async def run():
-        await client.wait_ready(timeout=300)
+        await client.wait_ready(timeout=600)
         step = client.engine.step
         client.engine.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
         with pytest.raises(EngineDeadError, match="generation failed: boom"):
@@ -133,7 +133,7 @@ def test_the_engine_process_stops_when_its_gateway_dies():
     """A gateway killed outright leaves no engine behind: the pipe's end-of-file stops it."""
     script = ("import asyncio, sys; from switchyard.core.engine_process import ProcessEngineClient;"
               "from tests.core.test_engine_process import TINY; c = ProcessEngineClient(TINY); c.start();"
-              "asyncio.run(c.wait_ready(300)); print(c.process.pid, flush=True); import time; time.sleep(600)")
+              "asyncio.run(c.wait_ready(600)); print(c.process.pid, flush=True); import time; time.sleep(600)")
     gateway = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                                cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     try:
@@ -166,9 +166,9 @@ def test_a_start_up_error_comes_back_as_itself():
     client = ProcessEngineClient(replace(TINY, backend="no-such-backend"))
     client.start()
     try:
-        assert client.wait_model_checked(300)  # the model is fine; building the engine is not
+        assert client.wait_model_checked(600)  # the model is fine; building the engine is not
         with pytest.raises(BackendError, match="no-such-backend"):
-            asyncio.run(client.wait_ready(300))
+            asyncio.run(client.wait_ready(600))
         assert client.startup_error is client.failure and not client.ready
     finally:
         asyncio.run(client.shutdown())
