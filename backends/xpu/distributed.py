@@ -1,0 +1,70 @@
+"""Shards on Intel GPUs: one process per XPU, collectives on torch.distributed's oneCCL
+backend ("xccl", built into XPU builds of torch >= 2.8), gloo when the backend runs on the
+host CPU (no oneCCL bindings exist for it on the package registry).
+
+Each shard drives XPU shard.local_rank among the visible ones (ZE_AFFINITY_MASK, read by
+Level Zero itself, is inherited, like CUDA_VISIBLE_DEVICES on GPUs) and is told its place
+on the node through oneCCL's own variables, CCL_LOCAL_RANK / CCL_LOCAL_SIZE.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+from switchyard.core.backend import ShardGroup, ShardInfo, ShardLauncher
+
+XCCL = "xccl"
+GLOO = "gloo"
+
+
+def process_group_backend(device_type: str) -> str:
+    """torch.distributed's backend for shards on this device type."""
+    return XCCL if device_type == "xpu" else GLOO
+
+
+def local_world_size(shards: Sequence[ShardInfo]) -> int:
+    """Shards on this node, counting rank 0 that the engine runs itself: one more than the
+    highest local rank asked for."""
+    return 1 + max((s.local_rank for s in shards), default=0)
+
+
+def shard_env(shard: ShardInfo, local_size: int) -> dict[str, str]:
+    """What one shard process adds to its environment before torch touches the device."""
+    return {"CCL_LOCAL_RANK": str(shard.local_rank), "CCL_LOCAL_SIZE": str(local_size),
+            "LOCAL_WORLD_SIZE": str(local_size)}
+
+
+def _xpu_shard_main(shard: ShardInfo, local_size: int, target: Callable[..., None], args: tuple) -> None:
+    """A shard's body (spawned): its oneCCL placement, then target(shard, *args)."""
+    os.environ.update(shard_env(shard, local_size))
+    target(shard, *args)
+
+
+def _core_launcher() -> ShardLauncher:
+    from switchyard.core.shard_group import ProcessShardLauncher
+
+    return ProcessShardLauncher()
+
+
+class XpuShardLauncher:
+    """The core process launcher, after a device check, with each shard's oneCCL placement.
+
+    device_count: how many devices shards may use (torch.xpu.device_count on XPU; None on
+    the host CPU, where shards share it); base: the launcher that spawns the processes
+    (default: core's ProcessShardLauncher)."""
+
+    def __init__(self, device_count: Callable[[], int] | None, base: ShardLauncher | None = None):
+        self._device_count = device_count
+        self._base = base
+
+    def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ShardGroup:
+        local_size = local_world_size(shards)
+        if self._device_count is not None:
+            count = self._device_count()
+            if local_size > count:
+                mask = os.environ.get("ZE_AFFINITY_MASK")
+                where = f" (ZE_AFFINITY_MASK={mask})" if mask is not None else ""
+                raise ValueError(f"--num-shard {local_size} needs {local_size} XPUs on this node, but "
+                                 f"{count} {'is' if count == 1 else 'are'} visible{where}")
+        base = self._base or _core_launcher()
+        return base.start(shards, _xpu_shard_main, (local_size, target, tuple(args)))
