@@ -45,8 +45,13 @@ def check_spec(spec: AttentionSpec) -> None:
     if spec.num_heads % spec.num_kv_heads:
         raise UnsupportedAttention(f"{spec.num_heads} query heads do not split evenly over "
                                    f"{spec.num_kv_heads} KV heads")
-    if spec.sliding_window is not None and spec.sliding_window < 1:
-        raise UnsupportedAttention(f"sliding window {spec.sliding_window} must be at least 1")
+    if spec.sliding_window is not None and spec.sliding_window < 2:
+        # the varlen op reads a left window of 0 (a window of one key) as no window at all
+        raise UnsupportedAttention(f"IPEX paged attention cannot apply a sliding window of "
+                                   f"{spec.sliding_window} key(s); it needs at least 2")
+    if spec.sliding_window is not None and spec.soft_cap is not None:
+        # single_query_cached_kv_attention checks !(window_size > 0 && use_softcap) (IPEX 2.8)
+        raise UnsupportedAttention("IPEX's decode op cannot combine a sliding window with a soft cap")
     if spec.soft_cap is not None and spec.soft_cap <= 0:
         raise UnsupportedAttention(f"soft cap {spec.soft_cap} must be positive")
 
@@ -108,8 +113,11 @@ class IpexPagedAttention(AttentionKernel):
         group = spec.num_heads // spec.num_kv_heads
         self._head_mapping: dict[torch.device, torch.Tensor] = {}
         self._mapping_cpu = torch.arange(spec.num_kv_heads, dtype=torch.int32).repeat_interleave(group)
-        # IPEX's windows count keys before the query (flash-attn's convention): W keys = W - 1.
-        self.window_left = -1 if spec.sliding_window is None else spec.sliding_window - 1
+        # A window of W keys is window_size=W for IPEX's decode op, but window_size_left=W-1
+        # (keys before the query, flash-attn's convention) for its varlen op; -1 = no window.
+        window = spec.sliding_window
+        self.decode_window = -1 if window is None else window
+        self.window_left = -1 if window is None else window - 1
         self.soft_cap = -1.0 if spec.soft_cap is None else float(spec.soft_cap)
 
     def head_mapping(self, device: torch.device) -> torch.Tensor:
@@ -134,7 +142,7 @@ class IpexPagedAttention(AttentionKernel):
             self.ops.single_query_cached_kv_attention(
                 out[:split], query[:split], key_cache, value_cache, self.head_mapping(query.device), spec.scale,
                 plan.decode_block_table, plan.decode_seq_lens, spec.block_size, plan.max_decode_len, None,
-                self.window_left, 1.0, 1.0, self.soft_cap)
+                self.decode_window, 1.0, 1.0, self.soft_cap)
         if meta.num_requests > meta.num_decodes:
             self.ops.flash_attn_varlen_func(
                 out[split:], query[split:], key_cache, value_cache, plan.cu_seqlens_q, plan.cu_seqlens_kv,
