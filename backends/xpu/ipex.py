@@ -43,15 +43,39 @@ def ipex_status(torch_version: str | None = None) -> tuple[bool, str]:
     return True, f"{DISTRIBUTION} {version} fits torch {torch_version or torch.__version__}"
 
 
+def _transformers_5_compat() -> None:
+    """IPEX 2.8's package import runs its reference Hugging Face model code, which imports
+    transformers.modeling_attn_mask_utils; transformers 5 removed that module, and the import
+    then fails (NameError: MoeModelOutputWithPast). Switchyard runs none of that code, only the
+    paged-attention ops, so a stand-in module whose two functions refuse to run lets IPEX import."""
+    import sys
+    import types
+
+    name = "transformers.modeling_attn_mask_utils"
+    if name in sys.modules or importlib.util.find_spec("transformers") is None:
+        return
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        def unavailable(*args, **kwargs):
+            raise NotImplementedError(f"{name} was removed in transformers 5 (stand-in for IPEX's import)")
+
+        stand_in = types.ModuleType(name)
+        stand_in._prepare_4d_causal_attention_mask = unavailable
+        stand_in._prepare_4d_attention_mask = unavailable
+        sys.modules[name] = stand_in
+
+
 def load():
     """The imported intel_extension_for_pytorch module; ImportError (with the reason) if it
     cannot be used with this torch."""
     problem = ipex_problem()
     if problem is not None:
         raise ImportError(problem)
+    _transformers_5_compat()
     try:
         import intel_extension_for_pytorch as ipex
-    except (ImportError, AttributeError) as error:  # AttributeError: IPEX's os.exit on a mismatch
+    except (ImportError, AttributeError, NameError) as error:  # AttributeError: IPEX's os.exit on a mismatch
         raise ImportError(f"importing intel_extension_for_pytorch failed: {error}") from error
     return ipex
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("intel_extension_for_pytorch")
+from switchyard.backends.xpu.ipex import load as load_ipex  # noqa: E402
+
+try:  # IPEX, fitting this torch: only in the xpu environment (.ci/backend_env.sh xpu)
+    load_ipex()
+except ImportError as error:
+    pytest.skip(str(error), allow_module_level=True)
 
 from switchyard.backends.xpu import XpuBackend  # noqa: E402
 from switchyard.core.testing import BackendContract  # noqa: E402
