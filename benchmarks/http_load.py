@@ -6,7 +6,9 @@ against a live `switchyard serve`, next to the offline API on the same workload.
 Prints, per concurrency: output tokens/s, time to first token and inter-token
 latency (p50/p99); then the HTTP/offline throughput ratios at concurrency 1 and 32 (the
 gateway must not be the bottleneck: aim >= 0.9). Each client sends `rounds`
-requests back to back (/v1/completions, stream, usage chunk, EOS ignored).
+requests back to back (/v1/completions, stream, usage chunk, EOS ignored), through the
+load generator of `switchyard bench serve` (which drives /v1/chat/completions of any
+server, peers included: use that to compare servers).
 The offline runs use LLM(max_num_seqs=32) on the same prompts: `rounds` requests one
 after another (concurrency 1), and 32 * rounds with 32 running.
 Run it alone: the clients, the server and the offline run share the 2 cores.
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -25,62 +26,40 @@ import sys
 import tempfile
 import time
 
+from switchyard.gateway.bench.figures import percentile as bench_percentile
+from switchyard.gateway.bench.loadgen import drive, make_client
+
 sys.path.insert(0, os.path.dirname(__file__))
 from offline_throughput import make_prompts  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    """q in 0..1; NaN for no values (switchyard bench's interpolated percentile)."""
+    value = bench_percentile(values, q * 100)
+    return float("nan") if value is None else value
 
 
-async def one_request(session, url: str, prompt: str | list[int], new_tokens: int) -> tuple[float, list[float], int]:
-    body = {"model": "default", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0.0,
+def completion_body(prompt: str | list[int], new_tokens: int) -> dict:
+    return {"model": "default", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    arrivals: list[float] = []
-    tokens = 0
-    async with session.post(url + "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices"):
-                arrivals.append(time.perf_counter())
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    ttft = arrivals[0] - start
-    itl = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    return ttft, itl, tokens
 
 
 async def load(url: str, concurrency: int, rounds: int, new_tokens: int,
                prompts: list[str] | list[list[int]] | None = None) -> dict:
-    """`concurrency` clients, each sending `rounds` requests back to back (prompts: text or
-    token ids, concurrency * rounds of them; default make_prompts)."""
-    import aiohttp
-
+    """`concurrency` clients sending `concurrency * rounds` requests, each client its next as
+    soon as its last ends (prompts: text or token ids; default make_prompts), through
+    `switchyard bench`'s load generator on /v1/completions."""
     prompts = prompts or make_prompts(concurrency * rounds)
-    ttfts, itls, total_tokens = [], [], 0
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as session:
-        async def client(index: int):
-            nonlocal total_tokens
-            for r in range(rounds):
-                ttft, itl, tokens = await one_request(session, url, prompts[index * rounds + r], new_tokens)
-                ttfts.append(ttft)
-                itls.extend(itl)
-                total_tokens += tokens
-
-        start = time.perf_counter()
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
-        elapsed = time.perf_counter() - start
-    assert total_tokens == concurrency * rounds * new_tokens, total_tokens
-    return {"tok_s": total_tokens / elapsed, "ttft": ttfts, "itl": itls}
+    bodies = [completion_body(p, new_tokens) for p in prompts[:concurrency * rounds]]
+    async with make_client(url, concurrency, 3600) as client:
+        records, elapsed = await drive(client, "/v1/completions", bodies, concurrency)
+    failed = [r for r in records if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed; the first: {failed[0].error}")
+    total_tokens = sum(r.output_tokens for r in records)
+    assert total_tokens == len(bodies) * new_tokens, total_tokens
+    return {"tok_s": total_tokens / elapsed, "ttft": [r.ttft for r in records if r.ttft is not None],
+            "itl": [gap for r in records for gap in r.itls]}
 
 
 def offline(args) -> dict[int, float]:

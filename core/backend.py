@@ -109,6 +109,7 @@ class ShardInfo:
     local_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    local_world_size: int = 1  # shards on this machine (e.g. how many share its CPU cores)
 
     @property
     def sharded(self) -> bool:
@@ -134,6 +135,9 @@ class ShardGroup(Protocol):
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate every shard (SIGTERM, then SIGKILL after timeout) and reap it."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits up to timeout (None: forever) for every shard to end; True when all have."""
 
 
 class ShardLauncher(Protocol):
@@ -168,6 +172,10 @@ class Backend(ABC):
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         """Create the device context for shard.local_rank, and join the process group
         (core.distributed) when shard.sharded. Called once per process, before loading."""
+        if shard.sharded:
+            from .distributed import init_process_group
+
+            init_process_group(shard, self._dist_backend_for_sharding())
 
     @abstractmethod
     def available_memory_bytes(self) -> int:
@@ -207,8 +215,19 @@ class Backend(ABC):
 
     def communicator(self) -> Communicator | None:
         """Collectives of this process's shard group; None when not sharded."""
-        return None
+        from .distributed import current_communicator
+
+        return current_communicator()
 
     def shard_launcher(self) -> ShardLauncher | None:
         """Starts this backend's shard processes; None when it cannot shard (dist_backend None)."""
-        return None
+        if self.dist_backend is None:
+            return None
+        from .shard_group import ProcessShardLauncher
+
+        return ProcessShardLauncher()
+
+    def _dist_backend_for_sharding(self) -> str:
+        if self.dist_backend is None:
+            raise ValueError(f"backend {self.name!r} cannot shard (it declares no dist_backend)")
+        return self.dist_backend

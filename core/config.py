@@ -87,7 +87,21 @@ class GrammarConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """Tensor parallelism (--num-shard): world = tensor_parallel_size shards, split evenly
+    over nnodes machines. Node 0 runs the engine (rank 0) and its local shards; a node
+    k > 0 runs only its local shards. The rendezvous is rank 0's store at master_addr:
+    master_port (torch.distributed's tcp://); master_port None = a free port on this
+    machine, which only a single node may use."""
+
     tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.tensor_parallel_size > 1
 
 
 @dataclass(frozen=True)

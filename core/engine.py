@@ -9,16 +9,17 @@ import torch
 
 from .backend import Backend
 from .capabilities import check_capabilities
-from .config import CacheConfig, EngineConfig
+from .config import EngineConfig
 from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
-from .loader import LoadedModel, load_model, load_tokenizer
+from .loader import load_tokenizer
 from .params import ValidationError
 from .plugins import select_backend
 from .request import EngineCoreOutput, FinishReason, Request, decide_finish
 from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
+from .shard_worker import ShardSet, build_shard_model, num_kv_blocks_for  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -36,16 +37,6 @@ class EngineInfo:
         return (self.num_kv_blocks - 1) * self.block_size
 
 
-def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend) -> int:
-    """KV capacity in blocks: the configured count, else what the free memory allows."""
-    if cache.num_blocks is not None:
-        return cache.num_blocks
-    spec = loaded.attention_spec
-    bytes_per_block = (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
-                       * torch.empty((), dtype=spec.dtype).element_size())
-    return backend.num_kv_blocks(bytes_per_block, cache)
-
-
 class EngineCore:
     """`tokenizer` is only needed for grammars; without it, it is loaded on the first one."""
 
@@ -53,14 +44,17 @@ class EngineCore:
         self.backend = backend or select_backend(config.backend)
         # refuses what the backend declares it cannot serve; turns off what it cannot do
         self.config = config = check_capabilities(self.backend.name, self.backend.capabilities(), config)
-        self.backend.init_device()
         block_size = config.cache.block_size
-        self.loaded = load_model(config.model, self.backend, block_size)
-        self.backend.prepare_model(self.loaded, config)
-        self.backend.profile_run(self.loaded, config)
-        num_blocks = num_kv_blocks_for(config.cache, self.loaded, self.backend)
-        kv_caches = self.backend.allocate_kv_cache(self.loaded.num_layers, num_blocks, self.loaded.attention_spec)
-        self.runner = self.backend.make_runner(self.loaded, kv_caches, config)
+        # rank 0 runs here; this node's other shards start first and join as it loads
+        self.shards = ShardSet.start(config, self.backend)
+        try:
+            built = build_shard_model(config, self.backend, self.shards.shard)
+        except BaseException as exc:
+            self.shards.shutdown(graceful=False)
+            if self.shards.sharded and isinstance(exc, RuntimeError):
+                raise self.shards.terminated(exc) from exc
+            raise
+        self.loaded, num_blocks, self.runner = built.loaded, built.num_blocks, built.runner
         self.scheduler = Scheduler.for_engine(config, num_blocks)
         self.sampler = Sampler()
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
@@ -115,10 +109,12 @@ class EngineCore:
     def check_health(self) -> None:
         """Raises ShardTerminated (core/errors.py) if one of the engine's shard processes has
         ended. Cheap; the engine's owner calls it between steps and while idle."""
+        self.shards.check()
 
     def shutdown(self) -> None:
         """Stops what the engine started: its grammar workers and its shard processes."""
         self.grammar_service.shutdown()
+        self.shards.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
@@ -131,7 +127,7 @@ class EngineCore:
             if self._awaiting_grammar and not failed:
                 wait([f for _, f in self._awaiting_grammar.values()], timeout=0.05, return_when=FIRST_COMPLETED)
             return failed
-        logits, request_ids = self.runner.execute(scheduler_output)
+        logits, request_ids = self.shards.execute(self.runner, scheduler_output)
         if self.runner.last_prompt_logits:
             self._score_prompt_chunks(scheduler_output)
         if not request_ids:

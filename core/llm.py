@@ -5,7 +5,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from .chat_template import render_chat
-from .config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
+from .config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from .engine import EngineCore
 from .loader import load_tokenizer
 from .output_processor import OutputProcessor
@@ -42,14 +42,19 @@ class GenerationResult:
 
 
 class LLM:
-    """`LLM(model=None, backend=None)`: None = the default model / the best usable backend."""
+    """`LLM(model=None, backend=None)`: None = the default model / the best usable backend.
+
+    `tensor_parallel_size=N` runs rank 0 in this process and N - 1 shard processes (see
+    core/shard_worker.py); `parallel` gives the whole ParallelConfig instead (multi-node).
+    `shutdown()` (or leaving a `with LLM(...)` block) stops them; they also end with this process."""
 
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
                  load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
-                 model_impl: str = "auto", trust_remote_code: bool = False):
+                 model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+                 parallel: ParallelConfig | None = None):
         """`chat_template`: a Jinja file's path or template text, for a model without one."""
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
@@ -59,10 +64,21 @@ class LLM:
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
             backend=backend, grammar=grammar or GrammarConfig(),
+            parallel=parallel or ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         )
         self.tokenizer = load_tokenizer(self.config.model)
         self.engine = EngineCore(self.config, tokenizer=self.tokenizer)
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stops the engine's shard processes and grammar workers."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
 
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:

@@ -39,7 +39,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, load_format=args.load_format,
               max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks, model_impl=args.model_impl,
-              trust_remote_code=args.trust_remote_code)
+              trust_remote_code=args.trust_remote_code, tensor_parallel_size=args.num_shard)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop or ()),
                             ignore_eos=args.ignore_eos)
@@ -47,6 +47,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         results = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
     else:
         results = llm.generate(list(args.prompts), params)
+    llm.shutdown()
     for result in results:
         print(result.text)
     return 0
@@ -86,6 +87,7 @@ def build_parser(environ=None) -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append")
     generate.add_argument("--ignore-eos", action="store_true")
     generate.add_argument("--trust-remote-code", action="store_true", help="run a checkpoint's own modeling code")
+    generate.add_argument("--num-shard", type=int, default=1, help="shards (tensor parallelism) on this machine")
     _add_engine_flags(generate, environ)
     generate.set_defaults(run=_cmd_generate)
     models = commands.add_parser("models", help="supported architectures; with --model-id, which path it takes")
@@ -96,6 +98,9 @@ def build_parser(environ=None) -> argparse.ArgumentParser:
     _add_engine_flags(serve, environ)
     add_serve_flags(serve, environ)
     serve.set_defaults(run=_cmd_serve)
+    from .bench.command import add_bench_command
+
+    add_bench_command(commands)
     return parser
 
 

@@ -50,7 +50,15 @@ _SERVE_FLAGS = [
     ("--payload-limit", ("PAYLOAD_LIMIT",), int, 2_000_000, "largest request body in bytes"),
     ("--cuda-memory-fraction", ("CUDA_MEMORY_FRACTION",), float, None,
      "fraction of free device memory the KV cache may take"),
-    ("--num-shard", ("NUM_SHARD",), int, 1, "number of shards (tensor parallelism)"),
+    ("--num-shard", ("NUM_SHARD",), int, 1, "number of shards (tensor parallelism), over every node"),
+    # one `switchyard serve` per machine; the standard rendezvous variables are the defaults
+    # (a job with one task per node sets WORLD_SIZE = nodes and RANK = this node's index)
+    ("--nnodes", ("NNODES", "WORLD_SIZE"), int, 1, "machines the shards span"),
+    ("--node-rank", ("NODE_RANK", "RANK"), int, 0,
+     "this machine's index: 0 runs the server and rank 0, others only their shards"),
+    ("--master-addr", ("MASTER_ADDR",), str, "127.0.0.1", "node 0's address (shard rendezvous)"),
+    ("--master-port", ("MASTER_PORT",), int, None,
+     "node 0's rendezvous port (default: a free port; required with --nnodes > 1)"),
     ("--quantize", ("QUANTIZE",), str, None, "weight quantization (not supported yet)"),
     ("--waiting-served-ratio", ("WAITING_SERVED_RATIO",), float, 0.3,
      "for backends that cannot mix prefill and decode: prefill once waiting >= ratio x decoding"),
@@ -82,6 +90,7 @@ _SERVE_SWITCHES = [
     ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",),
      "refuse what needs a grammar: grammar, response_format, guided_*, tool_choice required or named"),
     ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "run a checkpoint's own modeling code (config.auto_map)"),
+    ("--sharded", ("SHARDED",), "shard the model (TGI's flag); needs --num-shard N > 1"),
     ("--disable-prefix-caching", ("DISABLE_PREFIX_CACHING",),
      "do not keep or reuse the KV blocks of earlier prompts (the n sequences of one prompt still share it)"),
 ]
@@ -104,8 +113,10 @@ def _check_supported(args: argparse.Namespace) -> None:
 
     if args.quantize:
         raise ValidationError(f"--quantize {args.quantize} is not supported yet; serve unquantized weights")
-    if args.num_shard != 1:
-        raise ValidationError("--num-shard > 1 (tensor parallelism) is not supported yet")
+    if args.num_shard < 1:
+        raise ValidationError(f"--num-shard must be at least 1, got {args.num_shard}")
+    if args.sharded and args.num_shard == 1:
+        raise ValidationError("--sharded needs --num-shard N > 1 (the shard count is always explicit)")
     if (args.max_batch_total_tokens is not None and args.max_total_tokens is not None
             and args.max_batch_total_tokens < args.max_total_tokens):  # TGI's launcher refuses it too
         raise ValidationError(f"--max-batch-total-tokens ({args.max_batch_total_tokens}) must be at least "
@@ -117,7 +128,7 @@ def _check_supported(args: argparse.Namespace) -> None:
 
 
 def engine_config(args: argparse.Namespace):
-    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
     _check_supported(args)
     block_size = 16
@@ -140,6 +151,8 @@ def engine_config(args: argparse.Namespace):
                               max_grammar_bytes=args.grammar_max_compiled_bytes, cache_bytes=args.grammar_cache_bytes,
                               compile_timeout_s=args.grammar_compile_timeout,
                               num_compile_workers=args.grammar_workers),
+        parallel=ParallelConfig(tensor_parallel_size=args.num_shard, nnodes=args.nnodes, node_rank=args.node_rank,
+                                master_addr=args.master_addr, master_port=args.master_port),
         backend=args.backend)
 
 
@@ -201,6 +214,8 @@ def run_server(args: argparse.Namespace) -> int:
 
     configure_logging(args.json_output)
     config = engine_config(args)
+    if config.parallel.node_rank > 0:
+        return _run_shard_node(config)
     from switchyard.core.loader import choose_model
     from switchyard.core.plugins import check_backend
 
@@ -216,6 +231,14 @@ def run_server(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
     DrainingServer(config, app.state.drain).run()
     return 1 if client.startup_error is not None else 0
+
+
+def _run_shard_node(config) -> int:
+    """A node k > 0 of a multi-node run: its shards only (no HTTP, no scheduler)."""
+    from switchyard.core.plugins import select_backend
+    from switchyard.core.shard_worker import run_node
+
+    return run_node(config, select_backend(config.backend))
 
 
 class DrainingServer(uvicorn.Server):

@@ -3,19 +3,32 @@ from __future__ import annotations
 
 import os
 
-import torch
-import torch.distributed as dist
+import logging
 
-from switchyard.core.backend import AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult
+import torch
+
+from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
+                                     ShardInfo)
 
 from .attention import CpuAttentionKernel, StepPlanCache
-from .distributed import GlooCommunicator, MultiprocessLauncher, init_process_group
 from .linear import pack_linears, packing_supported
 from .tuning import choose_single_row_products
+
+logger = logging.getLogger(__name__)
 
 CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups "
                       "of 16, short bf16 ones as one batched matmul; one call per prompt chunk); "
                       "linear weights packed for oneDNN")
+
+
+def shard_cores(cores: list[int], local_rank: int, local_world_size: int) -> list[int]:
+    """The cores shard local_rank of local_world_size runs on: disjoint equal slices of
+    cores (the remainder left to the OS); with more shards than cores, one core each,
+    round-robin, so shards share cores but each still runs one thread."""
+    if local_world_size > len(cores):
+        return [cores[local_rank % len(cores)]]
+    per_shard = len(cores) // local_world_size
+    return cores[local_rank * per_shard:(local_rank + 1) * per_shard]
 
 
 def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
@@ -38,6 +51,7 @@ class CpuBackend(Backend):
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
         # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
         self.pack_weights = pack_weights and packing_supported()
+        self._local_shards = 1  # shards of one model on this machine share its memory
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -53,17 +67,26 @@ class CpuBackend(Backend):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def init_device(self) -> None:
-        """Joins the gloo process group when launched sharded (WORLD_SIZE > 1 set by the launcher)."""
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        if world_size > 1:
-            init_process_group(int(os.environ["RANK"]), world_size, "gloo")
+    def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
+        """Sharded: as many torch threads as this shard's slice of the cores (shard_cores),
+        then the gloo group. A worker process is pinned to its slice; rank 0 is not, since it
+        shares the engine's process (and what it starts later, e.g. grammar workers, would
+        inherit the pinning): it runs on the slice the workers leave free."""
+        self._local_shards = shard.local_world_size
+        if shard.sharded:
+            cores = shard_cores(sorted(os.sched_getaffinity(0)), shard.local_rank, shard.local_world_size)
+            if shard.rank != 0:
+                os.sched_setaffinity(0, cores)
+            torch.set_num_threads(len(cores))
+            logger.info("shard %d on cores %s%s", shard.rank, cores, "" if shard.rank else " (unpinned)")
+        super().init_device(shard)
 
     def available_memory_bytes(self) -> int:
+        """This shard's share of the machine's available memory."""
         available = _meminfo_available_bytes()
-        if available is not None:
-            return available
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if available is None:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return available // self._local_shards
 
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
         return CpuAttentionKernel(spec, self._plans)
@@ -85,11 +108,3 @@ class CpuBackend(Backend):
         nbytes = int(np.prod(shape)) * torch.empty((), dtype=spec.dtype).element_size()
         return [torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(spec.dtype).view(shape)
                 for _ in range(num_layers)]
-
-    def communicator(self) -> GlooCommunicator | None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return GlooCommunicator()
-        return None
-
-    def shard_launcher(self) -> MultiprocessLauncher:
-        return MultiprocessLauncher()

@@ -1,8 +1,8 @@
 """CUDA backend: Triton paged attention (flash-attn varlen when installed), CUDA graphs for
 decode steps, warm-up memory profiling, NCCL communicator and one process per GPU."""
 from .backend import CudaBackend, probe_cuda
-from .distributed import GpuShardLauncher, NcclCommunicator, visible_device_ids
+from .distributed import GpuShardLauncher, visible_device_ids
 from .graphs import CudaGraphRunner, bucket_for, capture_sizes
 
-__all__ = ["CudaBackend", "CudaGraphRunner", "GpuShardLauncher", "NcclCommunicator", "bucket_for",
+__all__ = ["CudaBackend", "CudaGraphRunner", "GpuShardLauncher", "bucket_for",
            "capture_sizes", "probe_cuda", "visible_device_ids"]

@@ -8,13 +8,15 @@ import os
 from typing import ClassVar
 
 import torch
-import torch.distributed as dist
 
-from switchyard.core.backend import AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult
+from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
+                                     ShardInfo)
 from switchyard.core.config import CacheConfig, EngineConfig
 
 from .device import CudaDevice
-from .distributed import GpuShardLauncher, NcclCommunicator, init_nccl_process_group, local_rank
+from switchyard.core.distributed import init_process_group
+
+from .distributed import GpuShardLauncher
 from .flash import AttentionChoice, FlashAttnKernel, choose_attention, describe_attention, flash_attn_module
 from .fusion import fuse_layers
 from .graphs import CudaGraphRunner
@@ -80,13 +82,12 @@ class CudaBackend(Backend):
             self._device_ops = CudaDevice(self._device)
         return self._device_ops
 
-    def init_device(self) -> None:
-        """Uses GPU LOCAL_RANK among the visible ones; joins the NCCL group when launched sharded."""
-        self._device = torch.device("cuda", local_rank())
+    def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
+        """Uses visible GPU shard.local_rank; joins the NCCL (RCCL) group when sharded."""
+        self._device = torch.device("cuda", shard.local_rank)
         torch.cuda.set_device(self._device)
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        if world_size > 1:
-            init_nccl_process_group(int(os.environ["RANK"]), world_size, self._device)
+        if shard.sharded:
+            init_process_group(shard, self.dist_backend, device=self._device)
 
     def available_memory_bytes(self) -> int:
         if self.memory_profile is not None:
@@ -132,11 +133,6 @@ class CudaBackend(Backend):
                                  sizes=config.graph_batch_sizes)
         runner.capture()
         return runner
-
-    def communicator(self) -> NcclCommunicator | None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return NcclCommunicator()
-        return None
 
     def shard_launcher(self) -> GpuShardLauncher:
         return GpuShardLauncher()

@@ -7,6 +7,8 @@ path (the reference, and the CPU path): sort the (token, expert) pairs by expert
 one gate_up matmul and one down matmul per expert that received tokens, and add the
 weighted outputs back per token with index_add_. A backend may point a FusedMoE's
 `experts_impl` at a fused kernel with the same contract (backends/cuda/kernels/moe.py).
+Under tensor parallelism each shard holds a slice of every expert's intermediate
+dimension (`rows`), and its output is a partial sum (the decoder layer reduces it).
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .linear import CheckpointTensor, Slice, read_slice, read_whole
 
 ExpertsImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -57,11 +61,13 @@ def fused_experts(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top
 class FusedMoE(nn.Module):
     """The routed experts of one layer (router outside: the model computes its logits)."""
 
-    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int | Slice,
                  renormalize: bool, dtype: torch.dtype | None = None):
+        """intermediate_size: every expert's, or the Slice of it this shard holds."""
         super().__init__()
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
-        self.intermediate_size = intermediate_size
+        self.rows = intermediate_size if isinstance(intermediate_size, Slice) else Slice.whole(intermediate_size)
+        self.intermediate_size = intermediate_size = self.rows.size
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype),
@@ -72,10 +78,18 @@ class FusedMoE(nn.Module):
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.experts_impl(hidden, self.w13_weight, self.w2_weight, weights, ids)
 
-    def load_expert(self, expert: int | None, part: str, tensor: torch.Tensor) -> None:
+    def load_expert(self, expert: int | None, part: str, tensor: CheckpointTensor) -> None:
         """part: "gate" / "up" (rows of w13), "gate_up" (all of w13) or "down" (w2), as
-        [out, in] of one expert, or stacked [E, out, in] for every expert (expert None)."""
-        size = self.intermediate_size
+        [out, in] of one expert, or stacked [E, out, in] for every expert (expert None);
+        this shard's slice of the intermediate dimension is read."""
+        size, rows = self.intermediate_size, self.rows
+        if part == "gate_up":  # [E, 2 * full, H]: this shard's gate rows and up rows
+            tensor = torch.cat([read_slice(tensor, -2, rows, 0), read_slice(tensor, -2, rows, rows.full)], -2)
+        elif part in ("gate", "up"):
+            tensor = read_slice(tensor, -2, rows)
+        elif part == "down":
+            tensor = read_slice(tensor, -1, rows)
+        tensor = read_whole(tensor)
         experts = slice(None) if expert is None else expert
         target = {"gate": self.w13_weight.data[experts, :size], "up": self.w13_weight.data[experts, size:],
                   "gate_up": self.w13_weight.data[experts], "down": self.w2_weight.data[experts]}[part]

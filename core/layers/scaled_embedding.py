@@ -10,13 +10,16 @@ import torch.nn.functional as F
 from .linear import Embedding
 
 
+def embedding_scale(scale: float, dtype: torch.dtype | None) -> torch.Tensor:
+    """A 0-d tensor on the build device (no host-to-device copy per step), rounded through
+    float32 exactly as transformers rounds it."""
+    return torch.tensor(scale, dtype=torch.float32).to(dtype or torch.float32)
+
+
 class ScaledEmbedding(Embedding):
     def __init__(self, num_embeddings: int, embedding_dim: int, scale: float, dtype: torch.dtype | None = None):
         super().__init__(num_embeddings, embedding_dim, dtype=dtype)
-        # a 0-d buffer on the build device (no host-to-device copy per step), rounded through
-        # float32 exactly as transformers rounds it
-        self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32).to(dtype or torch.float32),
-                             persistent=False)
+        self.register_buffer("scale", embedding_scale(scale, dtype), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight) * self.scale

@@ -1,5 +1,9 @@
 """Model loading: one entry point, `load_model`, for every weight source
-(Hugging Face directory or cache name, GGUF file, the default model, dummy)."""
+(Hugging Face directory or cache name, GGUF file, the default model, dummy).
+
+With a sharded ShardInfo it builds this shard's slice of a tensor-parallel model
+(core/layers/parallel.py) whose collectives go through the given Communicator, and reads
+only this shard's slices of the safetensors files."""
 from __future__ import annotations
 
 import logging
@@ -11,10 +15,11 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from ..backend import AttentionSpec, Backend
+from ..backend import SINGLE_SHARD, AttentionSpec, Backend, Communicator, ShardInfo
 from ..chat_template import apply_chat_template
 from ..config import ModelConfig
-from ..models import ModelChoice, UnsupportedModelError, select_model, supported_summary
+from ..layers.parallel import TensorParallel
+from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
@@ -65,15 +70,21 @@ def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoi
     return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
 
 
-def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> LoadedModel:
+def load_model(model_config: ModelConfig, backend: Backend, block_size: int, shard: ShardInfo = SINGLE_SHARD,
+               communicator: Communicator | None = None) -> LoadedModel:
+    """The model on the backend's device, weights loaded, eval mode. shard.sharded: this
+    shard's slice (its heads, MLP and vocabulary slices; attention_spec with its head
+    counts), collectives through `communicator`; the logits stay [N, vocab] on every shard."""
     source, hf_config, choice = choose_model(model_config)
     dtype = torch_dtype(model_config.dtype)
-    model, choice = _build_model(choice, hf_config, model_config.model_impl, backend, block_size, dtype)
-    logger.info("model %s", choice.describe())
+    check_shardable(hf_config, shard.world_size)
+    tp = TensorParallel(shard.rank, shard.world_size, communicator) if shard.sharded else TensorParallel()
+    model, choice = _build_model(choice, hf_config, model_config.model_impl, backend, block_size, dtype, tp)
+    logger.info("model %s%s", choice.describe(), f", shard {shard.rank} of {shard.world_size}" if tp.sharded else "")
     if source.load_format == "dummy":
-        fill_dummy_weights(model, model_config.seed)
+        fill_dummy_weights(model, model_config.seed, per_name=tp.sharded)
     else:
-        _load_checkpoint(model, source, hf_config)
+        _load_checkpoint(model, source, hf_config, lazy=tp.sharded)
     model.eval()
     specs = tuple(model.attention_specs)
     max_model_len = _max_model_len(model_config, hf_config)
@@ -86,13 +97,13 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int) -> 
 
 
 def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: Backend, block_size: int,
-                 dtype: torch.dtype) -> tuple[nn.Module, ModelChoice]:
+                 dtype: torch.dtype, tp: TensorParallel) -> tuple[nn.Module, ModelChoice]:
     """The model on the backend's device, weights not loaded. Native code that meets a
     config feature it does not implement (e.g. a rope_scaling variant) hands the model to
     the transformers fallback under model_impl="auto", and is refused under "native"."""
     with torch.device(backend.device):
         try:
-            return choice.model_class(hf_config, backend.attention, block_size, dtype), choice
+            return choice.model_class(hf_config, backend.attention, block_size, dtype, tp), choice
         except NotImplementedError as error:
             if choice.impl != "native":
                 raise
@@ -102,7 +113,7 @@ def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: 
             logger.info("model %s: native code does not implement this config (%s); using the transformers "
                         "fallback", choice.architecture, error)
             fallback = select_model(hf_config, "transformers")
-            return fallback.model_class(hf_config, backend.attention, block_size, dtype), fallback
+            return fallback.model_class(hf_config, backend.attention, block_size, dtype, tp), fallback
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
@@ -125,13 +136,15 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
     return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
 
 
-def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any) -> None:
+def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy: bool = False) -> None:
+    """lazy: hand the model lazy safetensors tensors, so each shard reads only its slices
+    (a GGUF file read directly, without the converted cache, is dequantized whole)."""
     if source.kind == "gguf":
         weights: Iterable = GGUFWeights(source.path, hf_config)
         total = len(weights)
     else:
         files = safetensors_files(source.path)
-        weights, total = iterate_safetensors(files), count_safetensors_weights(files)
+        weights, total = iterate_safetensors(files, lazy), count_safetensors_weights(files)
     with torch.no_grad():
         loaded = model.load_weights(_progress(weights, total))
     missing = sorted(set(dict(model.named_parameters())) - loaded)

@@ -2,6 +2,8 @@
 normal values (std 0.02) and unit norm weights, so activations stay finite."""
 from __future__ import annotations
 
+import zlib
+
 import torch
 from torch import nn
 
@@ -9,18 +11,23 @@ DUMMY_STD = 0.02
 
 
 @torch.no_grad()
-def fill_dummy_weights(model: nn.Module, seed: int) -> None:
+def fill_dummy_weights(model: nn.Module, seed: int, per_name: bool = False) -> None:
     """Deterministic in `seed` for a given device type. Parameters on the CPU are drawn
     in float32 from one CPU generator; parameters on an accelerator are drawn there, in
     their own dtype, from one generator of that device (an 8B model fills in a second
-    instead of minutes of host drawing and copying), so CPU and GPU values differ."""
+    instead of minutes of host drawing and copying), so CPU and GPU values differ.
+    per_name (tensor-parallel shards): one generator per parameter, seeded from its name,
+    so a replicated parameter gets the same values on every shard."""
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
             continue
         device = param.device
-        if device not in generators:
+        if per_name:
+            name_seed = seed * 1_000_003 + zlib.crc32(name.encode())
+            generators[device] = torch.Generator(device=device).manual_seed(name_seed)
+        elif device not in generators:
             generators[device] = torch.Generator(device=device).manual_seed(seed)
         if device.type == "cpu":
             values = torch.randn(param.shape, generator=generators[device], dtype=torch.float32) * DUMMY_STD

@@ -78,11 +78,27 @@ def count_safetensors_weights(files: list[str]) -> int:
     return total
 
 
-def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) for every tensor of every file."""
+class LazyTensor:
+    """A checkpoint tensor not read yet (core.layers.linear.CheckpointTensor): `narrow`
+    reads only that slice from the file (safe_open's get_slice). Valid while its file is
+    open, i.e. until iterate_safetensors moves on to the next tensor."""
+
+    def __init__(self, handle):
+        self._slice = handle
+        self.shape = torch.Size(handle.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        return self._slice[tuple(index)]
+
+
+def iterate_safetensors(files: list[str], lazy: bool = False) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+    """(name, CPU tensor) for every tensor of every file; lazy: (name, LazyTensor), so that
+    a shard reads only its slices (consume each before asking for the next)."""
     from safetensors import safe_open
 
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, LazyTensor(f.get_slice(name)) if lazy else f.get_tensor(name)

@@ -18,6 +18,7 @@ from .errors import UnsupportedModelError
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
 from .moe import MoeForCausalLM
 from .phi3 import Phi3ForCausalLM
+from .sharding import check_shardable
 
 # model_type -> class; GGUF-derived configs carry a model_type but no `architectures`.
 MODEL_TYPES: dict[str, type[nn.Module]] = {
@@ -123,5 +124,5 @@ def model_class(hf_config: Any) -> type[nn.Module]:
 
 
 __all__ = ["GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_IMPLS", "MODEL_TYPES", "ModelChoice",
-           "UnsupportedModelError", "attention_specs", "model_class", "needs_remote_code", "select_model",
-           "supported_summary"]
+           "UnsupportedModelError", "attention_specs", "check_shardable", "model_class", "needs_remote_code",
+           "select_model", "supported_summary"]

@@ -14,6 +14,7 @@ and gate/up fused, Hugging Face weight names), plus what Gemma adds:
 - Gemma 3: q/k RMSNorm per head, and rope parameters per layer type (a local base, e.g.
   10k, for sliding layers, the global one with its scaling for full-attention layers);
 - both: final logits soft-capped (final_logit_softcapping; 30 for Gemma 2, none for Gemma 3).
+Tensor parallelism as in llama.py: the post-norms of attention and MLP come after the reduce.
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ import torch
 from torch import nn
 
 from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
-from ..layers import Linear, MergedLinear, PagedAttention, RotaryEmbedding, apply_rotary, rope_parameters
+from ..layers import PagedAttention, RotaryEmbedding, apply_rotary, rope_parameters
 from ..layers.gelu import GeluAndMul
 from ..layers.offset_norm import OffsetRMSNorm
-from ..layers.scaled_embedding import ScaledEmbedding
-from .llama import KernelFactory, LlamaForCausalLM, head_dim_of, layer_sliding_window
+from ..layers.parallel import (NO_TP, TensorParallel, VocabParallelEmbedding, merged_column_parallel,
+                               parallel_lm_head, row_parallel)
+from ..layers.scaled_embedding import ScaledEmbedding, embedding_scale
+from .llama import KernelFactory, LlamaForCausalLM, attention_shard, head_dim_of, layer_sliding_window
 
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 
@@ -36,11 +39,13 @@ def _has_qk_norm(config: Any) -> bool:
     return config.model_type == "gemma3_text"
 
 
-def gemma_attention_specs(config: Any, block_size: int, dtype: torch.dtype) -> list[AttentionSpec]:
-    """One AttentionSpec per layer: sliding or global, Gemma's scale, Gemma 2's soft cap."""
-    head_dim = head_dim_of(config)
+def gemma_attention_specs(config: Any, block_size: int, dtype: torch.dtype, tp: TensorParallel = NO_TP
+                          ) -> list[AttentionSpec]:
+    """One AttentionSpec per layer: sliding or global, Gemma's scale, Gemma 2's soft cap;
+    this shard's heads."""
+    head_dim, shard = head_dim_of(config), attention_shard(config, tp)
     soft_cap = getattr(config, "attn_logit_softcapping", None) if config.model_type == "gemma2" else None
-    return [AttentionSpec(num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+    return [AttentionSpec(num_heads=shard.num_heads, num_kv_heads=shard.num_kv_heads,
                           head_dim=head_dim, block_size=block_size, scale=config.query_pre_attn_scalar ** -0.5,
                           dtype=dtype, sliding_window=layer_sliding_window(config, i), soft_cap=soft_cap)
             for i in range(config.num_hidden_layers)]
@@ -58,15 +63,15 @@ def rope_by_layer(config: Any) -> tuple[dict[str, tuple[float, dict]], list[str]
 
 
 class GemmaAttention(nn.Module):
-    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype):
+    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype, tp: TensorParallel = NO_TP):
         super().__init__()
-        spec = kernel.spec
+        spec, shard = kernel.spec, attention_shard(config, tp)
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = MergedLinear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size), bias=bias,
-                                     dtype=dtype)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, dtype=dtype)
+        self.qkv_proj = merged_column_parallel(config.hidden_size, (self.q_size, self.kv_size, self.kv_size), bias,
+                                               dtype, tp, (shard.q_rows, shard.kv_rows, shard.kv_rows))
+        self.o_proj = row_parallel(shard.q_rows.full, config.hidden_size, bias, dtype, tp)
         self.q_norm = self.k_norm = None
         if _has_qk_norm(config):
             self.q_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
@@ -89,12 +94,12 @@ class GemmaAttention(nn.Module):
 
 
 class GemmaMLP(nn.Module):
-    def __init__(self, config: Any, dtype: torch.dtype):
+    def __init__(self, config: Any, dtype: torch.dtype, tp: TensorParallel = NO_TP):
         super().__init__()
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, (size, size), bias=False, dtype=dtype)
+        self.gate_up_proj = merged_column_parallel(config.hidden_size, (size, size), False, dtype, tp)
         self.act = GeluAndMul(config.hidden_activation)
-        self.down_proj = Linear(size, config.hidden_size, bias=False, dtype=dtype)
+        self.down_proj = row_parallel(size, config.hidden_size, False, dtype, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -103,31 +108,35 @@ class GemmaMLP(nn.Module):
 class GemmaDecoderLayer(nn.Module):
     """Pre- and post-norms around both the attention and the MLP."""
 
-    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype):
+    def __init__(self, config: Any, kernel: AttentionKernel, dtype: torch.dtype, tp: TensorParallel = NO_TP):
         super().__init__()
         size, eps = config.hidden_size, config.rms_norm_eps
+        self.tp = tp
         self.input_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
-        self.self_attn = GemmaAttention(config, kernel, dtype)
+        self.self_attn = GemmaAttention(config, kernel, dtype, tp)
         self.post_attention_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
         self.pre_feedforward_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
-        self.mlp = GemmaMLP(config, dtype)
+        self.mlp = GemmaMLP(config, dtype, tp)
         self.post_feedforward_layernorm = OffsetRMSNorm(size, eps, dtype=dtype)
 
     def forward(self, hidden, cos, sin, kv_cache, meta):
-        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
+        attended = self.tp.reduce(self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta))
         hidden = hidden + self.post_attention_layernorm(attended)
-        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+        fed = self.tp.reduce(self.mlp(self.pre_feedforward_layernorm(hidden)))
+        return hidden + self.post_feedforward_layernorm(fed)
 
 
 class GemmaModel(nn.Module):
-    def __init__(self, config: Any, kernels: list[AttentionKernel], dtype: torch.dtype):
+    def __init__(self, config: Any, kernels: list[AttentionKernel], dtype: torch.dtype, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, config.hidden_size ** 0.5,
-                                            dtype=dtype)
+        scale = config.hidden_size ** 0.5
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype,
+                                                    embedding_scale(scale, dtype)) if tp.sharded else
+                             ScaledEmbedding(config.vocab_size, config.hidden_size, scale, dtype=dtype))
         ropes, self.layer_rope_keys = rope_by_layer(config)
         self.rotary_emb = nn.ModuleDict({key: RotaryEmbedding(head_dim_of(config), theta, scaling)
                                          for key, (theta, scaling) in ropes.items()})
-        self.layers = nn.ModuleList(GemmaDecoderLayer(config, kernel, dtype) for kernel in kernels)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(config, kernel, dtype, tp) for kernel in kernels)
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids, positions, kv_caches, meta):
@@ -142,22 +151,23 @@ class GemmaForCausalLM(nn.Module):
     """Gemma 2 (model_type "gemma2") and Gemma 3 text ("gemma3_text"). Same contract as
     LlamaForCausalLM: build under `with torch.device(device):`, then `load_weights`."""
 
-    def __init__(self, config: Any, make_kernel: KernelFactory, block_size: int, dtype: torch.dtype):
+    def __init__(self, config: Any, make_kernel: KernelFactory, block_size: int, dtype: torch.dtype,
+                 tp: TensorParallel = NO_TP):
         super().__init__()
         if config.model_type not in GEMMA_MODEL_TYPES:
             raise NotImplementedError(f"GemmaForCausalLM runs {GEMMA_MODEL_TYPES}, not {config.model_type!r}")
         if getattr(config, "use_bidirectional_attention", False):
             raise NotImplementedError("Gemma with use_bidirectional_attention (an embedding model) is not a "
                                       "causal language model and is not supported")
-        self.config = config
-        self.attention_specs = gemma_attention_specs(config, block_size, dtype)
+        self.config, self.tp = config, tp
+        self.attention_specs = gemma_attention_specs(config, block_size, dtype, tp)
         kernels: dict[AttentionSpec, AttentionKernel] = {}
         for spec in self.attention_specs:
             if spec not in kernels:
                 kernels[spec] = make_kernel(spec)
-        self.model = GemmaModel(config, [kernels[spec] for spec in self.attention_specs], dtype)
+        self.model = GemmaModel(config, [kernels[spec] for spec in self.attention_specs], dtype, tp)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.lm_head = parallel_lm_head(config.hidden_size, config.vocab_size, dtype, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
@@ -169,7 +179,7 @@ class GemmaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 [N, vocab], soft-capped when the config says so."""
-        logits = self.lm_head(hidden).float()
+        logits = self.tp.gather_logits(self.lm_head(hidden), self.config.vocab_size).float()
         cap = self.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

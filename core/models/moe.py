@@ -13,6 +13,9 @@ Checkpoints come with one tensor per expert (`...experts.{e}.gate_proj.weight`) 
 over experts: `...experts.gate_up_proj` / `...experts.down_proj` as transformers 5 keeps
 them in memory, or `...experts.gate_proj` / `up_proj` / `down_proj` as GGUF files hold them
 (llama.cpp's ffn_gate_exps / ffn_up_exps / ffn_down_exps).
+Tensor parallelism: every shard holds every expert, each with its slice of the expert's
+intermediate dimension (and of the shared expert's); the router and the shared expert's
+gate are replicated, and the block's partial sums are reduced by the decoder layer.
 """
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..layers import Linear, MergedLinear, SiluAndMul
+from ..layers import Linear, SiluAndMul
 from ..layers.fused_moe import FusedMoE
+from ..layers.parallel import NO_TP, TensorParallel, merged_column_parallel, row_parallel
 from .llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
 # One expert's tensor, or every expert's stacked ([E, out, in], no expert index).
@@ -36,11 +40,12 @@ EXPERT_PARTS = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", 
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) of a given width (Qwen2-MoE's shared expert)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype):
+    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, (intermediate_size, intermediate_size), dtype=dtype)
+        self.gate_up_proj = merged_column_parallel(hidden_size, (intermediate_size, intermediate_size), False,
+                                                   dtype, tp)
         self.act = SiluAndMul()
-        self.down_proj = Linear(intermediate_size, hidden_size, dtype=dtype)
+        self.down_proj = row_parallel(intermediate_size, hidden_size, False, dtype, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -49,7 +54,7 @@ class GatedMLP(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Router + routed experts (+ Qwen2-MoE's gated shared expert)."""
 
-    def __init__(self, config: Any, dtype: torch.dtype):
+    def __init__(self, config: Any, dtype: torch.dtype, tp: TensorParallel = NO_TP):
         super().__init__()
         if config.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act {config.hidden_act!r} is not supported (only 'silu')")
@@ -58,12 +63,13 @@ class SparseMoeBlock(nn.Module):
         expert_size = config.intermediate_size if is_mixtral else config.moe_intermediate_size
         renormalize = is_mixtral or bool(config.norm_topk_prob)
         self.gate = Linear(config.hidden_size, num_experts, dtype=dtype)
-        self.experts = FusedMoE(num_experts, config.num_experts_per_tok, config.hidden_size, expert_size,
+        self.experts = FusedMoE(num_experts, config.num_experts_per_tok, config.hidden_size,
+                                tp.padded_split(expert_size),
                                 renormalize, dtype=dtype)
         self.shared_expert = self.shared_expert_gate = None
         shared_size = getattr(config, "shared_expert_intermediate_size", 0) or 0
         if shared_size:
-            self.shared_expert = GatedMLP(config.hidden_size, shared_size, dtype)
+            self.shared_expert = GatedMLP(config.hidden_size, shared_size, dtype, tp)
             self.shared_expert_gate = Linear(config.hidden_size, 1, dtype=dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -81,8 +87,8 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
 
 
 class MoeDecoderLayer(LlamaDecoderLayer):
-    def build_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module:
-        return SparseMoeBlock(config, dtype) if is_sparse_layer(config, layer_idx) else LlamaMLP(config, dtype)
+    def build_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype, tp: TensorParallel) -> nn.Module:
+        return SparseMoeBlock(config, dtype, tp) if is_sparse_layer(config, layer_idx) else LlamaMLP(config, dtype, tp)
 
 
 class MoeModel(LlamaModel):

@@ -31,6 +31,8 @@ from torch import nn
 
 from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
 from ..layers import Linear, PagedAttention
+from ..layers.parallel import NO_TP, TensorParallel
+from ..params import ValidationError
 from .errors import UnsupportedModelError
 
 ATTENTION_NAME = "switchyard_paged"
@@ -170,8 +172,13 @@ class TransformersForCausalLM(nn.Module):
     """The interface of models/llama.py's LlamaForCausalLM around transformers' modules.
     Build it under `with torch.device(device):`; weights are loaded afterwards."""
 
-    def __init__(self, config: Any, make_kernel, block_size: int, dtype: torch.dtype):
+    def __init__(self, config: Any, make_kernel, block_size: int, dtype: torch.dtype,
+                 tp: TensorParallel = NO_TP):
         super().__init__()
+        if tp.sharded:
+            raise ValidationError(f"model {getattr(config, 'model_type', '?')} runs through the transformers "
+                                  f"fallback, which cannot be sharded: use --num-shard 1 (not {tp.world_size})",
+                                  "num_shard")
         self.config = config
         self.hf = build_hf_model(config, dtype)
         self._step = _Step()

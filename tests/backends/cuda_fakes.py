@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from switchyard.backends.cuda import CudaBackend
-from switchyard.core.backend import AttentionKernel
+from switchyard.core.backend import SINGLE_SHARD, AttentionKernel
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine import EngineCore
 from switchyard.core.params import SamplingParams
@@ -99,7 +99,7 @@ class CpuCudaBackend(CudaBackend):
         self._device = torch.device("cpu")
         self._kernel = kernel
 
-    def init_device(self, shard=None) -> None:
+    def init_device(self, shard=SINGLE_SHARD) -> None:
         pass
 
     def capabilities(self):

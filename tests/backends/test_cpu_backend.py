@@ -1,16 +1,16 @@
-"""The CPU backend's device side: capabilities, memory, gloo communicator, multiprocess launcher."""
+"""The CPU backend's device side: capabilities, memory (its shards: tests/backends/test_distributed.py)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import os
 
 import pytest
 import torch
-from torch.multiprocessing import ProcessRaisedException
 
 from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend
+from switchyard.backends.cpu import backend as cpu_backend_module
 from switchyard.backends.cpu.backend import _meminfo_available_bytes
-from switchyard.core.backend import AttentionSpec
+from switchyard.core import distributed
+from switchyard.core.backend import AttentionSpec, ShardInfo
 
 
 def test_probe_capabilities_and_device():
@@ -25,6 +25,24 @@ def test_probe_capabilities_and_device():
     assert [c.shape for c in backend.allocate_kv_cache(2, 5, spec)] == [(2, 5, 16, 2, 8)] * 2
 
 
+def test_sharded_init_device_pins_joins_gloo_and_takes_its_share_of_memory(monkeypatch):
+    seen, threads = {}, torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: seen.setdefault("cores", sorted(cores)))
+    monkeypatch.setattr(distributed, "init_process_group", lambda shard, name: seen.setdefault("group", name))
+    monkeypatch.setattr(cpu_backend_module, "_meminfo_available_bytes", lambda: 3000)
+    backend = CpuBackend()
+    try:
+        CpuBackend().init_device(ShardInfo(rank=0, world_size=3, local_rank=0, local_world_size=3))
+        assert seen == {"group": "gloo"} and torch.get_num_threads() == 2  # rank 0: the engine's process
+        seen.clear()
+        backend.init_device(ShardInfo(rank=2, world_size=3, local_rank=2, local_world_size=3))
+        assert seen == {"cores": [4, 5], "group": "gloo"} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert backend.available_memory_bytes() == 1000  # the machine's memory, shared by its 3 shards
+
+
 def test_available_memory(tmp_path):
     assert CpuBackend().available_memory_bytes() > 0
     meminfo = tmp_path / "meminfo"
@@ -35,31 +53,3 @@ def test_available_memory(tmp_path):
 
 def test_no_communicator_without_a_process_group():
     assert CpuBackend().communicator() is None
-
-
-def _collectives(rank: int, world_size: int, result_dir: str) -> None:
-    backend = CpuBackend()
-    backend.init_device()  # joins the gloo group from the launcher's environment
-    comm = backend.communicator()
-    summed = comm.all_reduce(torch.tensor([rank + 1.0, 10.0]))
-    gathered = comm.all_gather(torch.full((2, 1), float(rank)), dim=-1)
-    broadcast = comm.broadcast(torch.tensor([100.0 + rank]), src=1)
-    result = dict(summed=summed.tolist(), gathered=gathered.tolist(), broadcast=broadcast.tolist())
-    (Path(result_dir) / f"{rank}.json").write_text(json.dumps(result))
-
-
-def _fail(rank: int, world_size: int) -> None:
-    if rank == 1:
-        raise ValueError("shard 1 failed on purpose")
-
-
-def test_launcher_runs_collectives_over_gloo(tmp_path):
-    CpuBackend().shard_launcher().launch(2, _collectives, (str(tmp_path),))
-    for rank in range(2):
-        result = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert result == dict(summed=[3.0, 20.0], gathered=[[0.0, 1.0], [0.0, 1.0]], broadcast=[101.0])
-
-
-def test_launcher_raises_when_a_shard_fails():
-    with pytest.raises(ProcessRaisedException, match="shard 1 failed on purpose"):
-        CpuBackend().shard_launcher().launch(2, _fail, ())

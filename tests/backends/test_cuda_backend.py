@@ -18,7 +18,7 @@ from switchyard.backends.cuda import backend as cuda_backend_module
 from switchyard.backends.cuda.flash import FlashAttnKernel, choose_attention
 from switchyard.backends.cuda.memory import (KV_HEADROOM, MemoryProfile, kv_cache_budget_bytes,
                                              num_kv_blocks_from_profile, profile_requests)
-from switchyard.core.backend import AttentionMetadata, AttentionSpec
+from switchyard.core.backend import AttentionMetadata, AttentionSpec, ShardInfo
 from switchyard.core.config import CacheConfig
 from switchyard.core.ops.attention import paged_attention_reference
 
@@ -171,15 +171,12 @@ def test_engine_sizes_the_kv_cache_from_the_profiled_free_memory():
 def test_init_device_uses_local_rank_and_joins_nccl(monkeypatch):
     seen = {}
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: seen.setdefault("device", device))
-    monkeypatch.setattr(cuda_backend_module, "init_nccl_process_group",
-                        lambda rank, world, device: seen.setdefault("group", (rank, world, device)))
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(cuda_backend_module, "init_process_group",
+                        lambda shard, dist_backend, device: seen.setdefault("group", (shard.rank, dist_backend, device)))
     backend = CudaBackend()
-    backend.init_device()
+    backend.init_device(ShardInfo(rank=3, world_size=4, local_rank=1, local_world_size=2))
     assert backend.device == torch.device("cuda", 1)
-    assert seen == {"device": torch.device("cuda", 1), "group": (1, 2, torch.device("cuda", 1))}
+    assert seen == {"device": torch.device("cuda", 1), "group": (3, "nccl", torch.device("cuda", 1))}
 
 
 def test_visible_devices_follow_cuda_visible_devices():
@@ -190,24 +187,33 @@ def test_visible_devices_follow_cuda_visible_devices():
     assert visible_device_ids({}, device_count=lambda: 3) == ["0", "1", "2"]
 
 
+def _node_shards(count: int) -> list[ShardInfo]:
+    return [ShardInfo(rank, count, rank, "127.0.0.1", 29500, count) for rank in range(1, count)]
+
+
 def test_launcher_refuses_more_shards_than_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     with pytest.raises(ValueError, match=r"--num-shard 2 needs 2 GPUs, but 1 is visible \(CUDA_VISIBLE_DEVICES=5\)"):
-        GpuShardLauncher().launch(2, print)
+        GpuShardLauncher().start(_node_shards(2), print)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(ValueError, match=r"--num-shard 3 needs 3 GPUs, but 2 are visible$"):
+        GpuShardLauncher(device_ids=lambda: ["0", "1"]).start(_node_shards(3), print)
 
 
-def _record_env(rank: int, world_size: int, out_dir: str) -> None:
+def _record_env(shard, out_dir: str) -> None:
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "CUDA_VISIBLE_DEVICES")
-    (Path(out_dir) / f"{rank}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys}))
+    (Path(out_dir) / f"{shard.rank}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys}))
 
 
+@pytest.mark.slow
 def test_launcher_starts_one_process_per_gpu_with_its_rank(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    GpuShardLauncher().launch(2, _record_env, (str(tmp_path),))
-    for rank in range(2):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    group = GpuShardLauncher().start(_node_shards(3), _record_env, (str(tmp_path),))
+    assert group.wait(120) and group.failure() is None
+    for rank in (1, 2):
         env = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert env == {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                       "CUDA_VISIBLE_DEVICES": "4,6"}  # shard i drives the i-th visible GPU
+        assert env == {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                       "CUDA_VISIBLE_DEVICES": "4,6,7"}  # shard i drives the i-th visible GPU
 
 
 def test_no_communicator_without_a_process_group():

@@ -50,7 +50,7 @@ def test_batch_flags_map_onto_the_scheduler_and_the_kv_cache():
     assert config.cache.memory_fraction == 0.8 and config.graph_batch_sizes == (1, 2, 4, 8)
 
 
-@pytest.mark.parametrize("argv", [["--quantize", "awq"], ["--num-shard", "2"], ["--cuda-graphs", "one,two"]])
+@pytest.mark.parametrize("argv", [["--quantize", "awq"], ["--num-shard", "0"], ["--sharded"], ["--cuda-graphs", "one,two"]])
 def test_what_cannot_be_honoured_is_refused(argv):
     with pytest.raises(ValidationError):
         engine_config(_parse(argv))
@@ -93,3 +93,17 @@ def test_grammar_limits_reach_the_engine_config():
                                    {"GRAMMAR_MAX_COMPILED_BYTES": "4000000"})).grammar
     assert (grammar.max_spec_bytes, grammar.compile_timeout_s, grammar.cache_bytes, grammar.num_compile_workers,
             grammar.max_grammar_bytes) == (1000, 2.5, 9_000_000, 2, 4_000_000)
+
+
+def test_shard_flags_and_the_rendezvous_environment_reach_the_parallel_config():
+    parallel = engine_config(_parse(["--num-shard", "4", "--sharded", "--nnodes", "2", "--node-rank", "1",
+                                     "--master-addr", "10.0.0.7", "--master-port", "29600"])).parallel
+    assert (parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank) == (4, 2, 1)
+    assert (parallel.master_addr, parallel.master_port) == ("10.0.0.7", 29600)
+    env = {"NUM_SHARD": "2", "WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "1234"}
+    parallel = engine_config(_parse(environ=env)).parallel
+    assert (parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank) == (2, 2, 1)
+    assert (parallel.master_addr, parallel.master_port) == ("node0", 1234)
+    parallel = engine_config(_parse(environ=dict(env, NNODES="1", NODE_RANK="0"))).parallel
+    assert (parallel.nnodes, parallel.node_rank) == (1, 0)  # NNODES / NODE_RANK win
+    assert engine_config(_parse()).parallel.tensor_parallel_size == 1

@@ -1,0 +1,185 @@
+"""The shards of one model, in lockstep.
+
+Every shard (rank 0 in the engine's process, ranks 1..N-1 in worker processes) builds its
+model the same way (build_shard_model). Then rank 0 broadcasts each step's SchedulerOutput
+once over the gloo control group, and every shard runs it (run_shard's loop); the model's
+own collectives keep them in step, and only rank 0 samples. None on the control group
+tells the workers to stop.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo
+from .config import CacheConfig, EngineConfig
+from .distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
+from .errors import ShardTerminated
+from .loader import LoadedModel, choose_model, load_model
+from .models import check_shardable
+from .runner import ModelRunner
+from .scheduler_output import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+# How long a collective's failure waits for the launcher to see which shard ended.
+FAILURE_GRACE_S = 5.0
+
+
+def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend) -> int:
+    """KV capacity in blocks: the configured count, else what the free memory allows."""
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    spec = loaded.attention_spec
+    bytes_per_block = (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
+                       * torch.empty((), dtype=spec.dtype).element_size())
+    return backend.num_kv_blocks(bytes_per_block, cache)
+
+
+@dataclass(frozen=True)
+class ShardModel:
+    loaded: LoadedModel
+    num_blocks: int  # the same on every shard: the smallest any of them can hold
+    runner: ModelRunner
+
+
+def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo = SINGLE_SHARD) -> ShardModel:
+    """Device, this shard's slice of the model, its KV cache and runner (every rank alike).
+    Sharded, every rank takes rank 0's config, so nodes started with other flags still agree."""
+    backend.init_device(shard)
+    if shard.sharded:
+        config = broadcast_object(config if shard.rank == 0 else None)
+    loaded = load_model(config.model, backend, config.cache.block_size, shard=shard,
+                        communicator=backend.communicator() if shard.sharded else None)
+    backend.prepare_model(loaded, config)
+    backend.profile_run(loaded, config)
+    num_blocks = num_kv_blocks_for(config.cache, loaded, backend)
+    if shard.sharded:
+        num_blocks = min_across_shards(num_blocks)
+    kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)
+    return ShardModel(loaded, num_blocks, backend.make_runner(loaded, kv_caches, config))
+
+
+def run_shard(shard: ShardInfo, config: EngineConfig, backend_name: str) -> None:
+    """A worker process's body (the launcher's target): build, then run each step rank 0
+    broadcasts until it broadcasts None."""
+    from .plugins import select_backend
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard {shard.rank} %(levelname)s %(message)s")
+    model = build_shard_model(config, select_backend(backend_name), shard)
+    logger.info("shard %d of %d ready: %d KV blocks", shard.rank, shard.world_size, model.num_blocks)
+    while (step := broadcast_object()) is not None:
+        model.runner.execute(step)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ShardSet:
+    """Rank 0's side of the shards: the workers this node started, the step broadcast to
+    every shard, and how a shard's end becomes ShardTerminated."""
+
+    def __init__(self, shard: ShardInfo = SINGLE_SHARD, group: ShardGroup | None = None):
+        self.shard = shard
+        self.group = group
+        self._stopped = False
+
+    @classmethod
+    def start(cls, config: EngineConfig, backend: Backend) -> ShardSet:
+        """Starts this node's worker shards (none when not sharded); returns at once."""
+        parallel = config.parallel
+        if not parallel.sharded:
+            return cls()
+        _, hf_config, _ = choose_model(config.model)  # heads that do not divide: one line, nothing started
+        check_shardable(hf_config, parallel.tensor_parallel_size)
+        launcher = backend.shard_launcher()
+        if launcher is None:
+            raise ValueError(f"backend {backend.name!r} cannot shard: it declares no dist_backend")
+        if parallel.master_port is None and parallel.nnodes > 1:
+            raise ValueError("a rendezvous across nodes needs --master-port (or MASTER_PORT)")
+        port = parallel.master_port or free_port(parallel.master_addr)
+        plan = plan_node(parallel, port)
+        if plan.engine_shard is None:
+            raise ValueError(f"node rank {parallel.node_rank} runs shards only, not the engine (run_node)")
+        group = launcher.start(plan.workers, run_shard, (config, backend.name))
+        logger.info("started shards %s of %d", [s.rank for s in plan.workers], parallel.tensor_parallel_size)
+        return cls(plan.engine_shard, group)
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard.sharded
+
+    def execute(self, runner: ModelRunner, step: SchedulerOutput):
+        """Every shard runs step; rank 0's results. A shard that died raises ShardTerminated."""
+        if not self.sharded:
+            return runner.execute(step)
+        self.check()  # a local shard that ended: say which, before any collective meets it
+        try:
+            broadcast_object(step)
+            return runner.execute(step)
+        except RuntimeError as exc:
+            raise self.terminated(exc) from exc
+
+    def check(self) -> None:
+        failure = None if self.group is None else self.group.failure()
+        if failure is not None:
+            raise ShardTerminated(failure)
+
+    def terminated(self, exc: BaseException) -> ShardTerminated:
+        """What a failed collective means: the shard whose end the launcher saw, else exc."""
+        deadline = time.monotonic() + FAILURE_GRACE_S
+        while self.group is not None and time.monotonic() < deadline:
+            failure = self.group.failure()
+            if failure is not None:
+                return ShardTerminated(failure)
+            time.sleep(0.05)
+        return ShardTerminated(f"the sharded step failed (the shards are out of step): {type(exc).__name__}: {exc}")
+
+    def shutdown(self, timeout: float = 10.0, graceful: bool = True) -> None:
+        """Tells the workers to stop (every node's; not when graceful is False, e.g. while they
+        may still be loading), stops this node's processes and leaves the process group (a
+        later engine in this process may form a new one)."""
+        if not self.sharded or self._stopped:
+            return
+        self._stopped = True
+        if graceful and self.group.failure() is None:
+            try:
+                broadcast_object(None)
+            except RuntimeError as exc:
+                logger.warning("could not tell the shards to stop: %s", exc)
+        if not self.group.wait(timeout):
+            logger.warning("shards still running %.0fs after stop; terminating them", timeout)
+        self.group.stop(timeout)
+        destroy_process_group()
+
+
+def run_node(config: EngineConfig, backend: Backend) -> int:
+    """Node k > 0 of a multi-node run: starts this node's shards and waits for them (no
+    HTTP, no scheduler). 0 when they stopped because the engine told them to."""
+    parallel = config.parallel
+    if parallel.master_port is None:
+        raise ValueError("a shard-only node needs --master-port (or MASTER_PORT)")
+    launcher = backend.shard_launcher()
+    if launcher is None:
+        raise ValueError(f"backend {backend.name!r} cannot shard: it declares no dist_backend")
+    plan = plan_node(parallel, parallel.master_port)
+    group = launcher.start(plan.shards, run_shard, (config, backend.name))
+    logger.info("node %d: started shards %s", parallel.node_rank, [s.rank for s in plan.shards])
+    try:
+        while not group.wait(0.5):
+            if (failure := group.failure()) is not None:
+                logger.error("%s", failure)
+                return 1
+        failure = group.failure()
+        if failure is not None:
+            logger.error("%s", failure)
+        return 0 if failure is None else 1
+    finally:
+        group.stop()
