@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from switchyard.core.backend import ShardGroup, ShardInfo, ShardLauncher
+from switchyard.core.shard_group import ProcessShardLauncher
 
 XCCL = "xccl"
 GLOO = "gloo"
@@ -22,28 +23,16 @@ def process_group_backend(device_type: str) -> str:
     return XCCL if device_type == "xpu" else GLOO
 
 
-def local_world_size(shards: Sequence[ShardInfo]) -> int:
-    """Shards on this node, counting rank 0 that the engine runs itself: one more than the
-    highest local rank asked for."""
-    return 1 + max((s.local_rank for s in shards), default=0)
+def shard_env(shard: ShardInfo) -> dict[str, str]:
+    """oneCCL's placement variables for one shard process, set before torch touches the
+    device (core's launcher sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_*)."""
+    return {"CCL_LOCAL_RANK": str(shard.local_rank), "CCL_LOCAL_SIZE": str(shard.local_world_size)}
 
 
-def shard_env(shard: ShardInfo, local_size: int) -> dict[str, str]:
-    """What one shard process adds to its environment before torch touches the device."""
-    return {"CCL_LOCAL_RANK": str(shard.local_rank), "CCL_LOCAL_SIZE": str(local_size),
-            "LOCAL_WORLD_SIZE": str(local_size)}
-
-
-def _xpu_shard_main(shard: ShardInfo, local_size: int, target: Callable[..., None], args: tuple) -> None:
+def _xpu_shard_main(shard: ShardInfo, target: Callable[..., None], args: tuple) -> None:
     """A shard's body (spawned): its oneCCL placement, then target(shard, *args)."""
-    os.environ.update(shard_env(shard, local_size))
+    os.environ.update(shard_env(shard))
     target(shard, *args)
-
-
-def _core_launcher() -> ShardLauncher:
-    from switchyard.core.shard_group import ProcessShardLauncher
-
-    return ProcessShardLauncher()
 
 
 class XpuShardLauncher:
@@ -55,10 +44,10 @@ class XpuShardLauncher:
 
     def __init__(self, device_count: Callable[[], int] | None, base: ShardLauncher | None = None):
         self._device_count = device_count
-        self._base = base
+        self._base = base or ProcessShardLauncher()
 
     def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ShardGroup:
-        local_size = local_world_size(shards)
+        local_size = max((s.local_world_size for s in shards), default=0)
         if self._device_count is not None:
             count = self._device_count()
             if local_size > count:
@@ -66,5 +55,4 @@ class XpuShardLauncher:
                 where = f" (ZE_AFFINITY_MASK={mask})" if mask is not None else ""
                 raise ValueError(f"--num-shard {local_size} needs {local_size} XPUs on this node, but "
                                  f"{count} {'is' if count == 1 else 'are'} visible{where}")
-        base = self._base or _core_launcher()
-        return base.start(shards, _xpu_shard_main, (local_size, target, tuple(args)))
+        return self._base.start(shards, _xpu_shard_main, (target, tuple(args)))

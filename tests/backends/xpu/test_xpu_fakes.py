@@ -12,7 +12,7 @@ import torch
 from switchyard.backends.xpu import backend as xpu_backend
 from switchyard.backends.xpu import ipex as xpu_ipex
 from switchyard.backends.xpu.backend import XpuBackend, probe_xpu
-from switchyard.backends.xpu.distributed import XpuShardLauncher, process_group_backend, shard_env
+from switchyard.backends.xpu.distributed import XpuShardLauncher, process_group_backend
 from switchyard.core.backend import AttentionSpec, ShardInfo
 from switchyard.core.config import CacheConfig
 
@@ -133,7 +133,7 @@ class RecordingLauncher:
 
 
 def _shards(n: int) -> list[ShardInfo]:
-    return [ShardInfo(rank=r, world_size=n, local_rank=r, master_port=1234) for r in range(1, n)]
+    return [ShardInfo(rank=r, world_size=n, local_rank=r, master_port=1234, local_world_size=n) for r in range(1, n)]
 
 
 def test_launcher_refuses_more_shards_than_xpus(monkeypatch):
@@ -157,13 +157,28 @@ def test_each_shard_gets_its_oneccl_placement_before_target_runs(monkeypatch):
     seen = []
     for shard in shards:  # what each spawned process runs
         with monkeypatch.context() as m:
-            for name in ("CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+            for name in ("CCL_LOCAL_RANK", "CCL_LOCAL_SIZE"):
                 m.delenv(name, raising=False)
-            entry(shard, args[0], args[1], (seen,))
+            entry(shard, args[0], (seen,))
     assert seen == [(1, "1", "4"), (2, "2", "4"), (3, "3", "4")]
-    assert shard_env(shards[0], 4)["LOCAL_WORLD_SIZE"] == "4"
+
+
+def test_the_default_base_is_cores_process_launcher():
+    from switchyard.core.shard_group import ProcessShardLauncher
+
+    assert isinstance(XpuShardLauncher(None)._base, ProcessShardLauncher)
 
 
 def test_backend_launcher_checks_the_device_count_on_xpu_only():
     assert XpuBackend(device_ops=FakeXpu(count=1)).shard_launcher()._device_count() == 1
     assert XpuBackend(device="cpu").shard_launcher()._device_count is None
+
+
+def test_switchyard_backends_names_the_attention_path_of_an_unusable_backend(capsys, monkeypatch):
+    from switchyard.gateway import cli
+
+    monkeypatch.setattr(XpuBackend, "probe", classmethod(lambda cls: probe_xpu(FakeXpu(count=0),
+                                                                                lambda: (True, "fits"))))
+    cli._cmd_backends(None)
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("xpu"))
+    assert "not usable: no XPU device visible" in line and "[attention when usable: IPEX paged attention" in line
