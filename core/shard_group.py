@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
@@ -130,7 +131,14 @@ class ProcessShardGroup:
 
 class ProcessShardLauncher:
     """One spawned process per ShardInfo running target(shard, *args); returns at once.
-    target and args must be picklable (a module-level function, frozen configs)."""
+    target and args must be picklable (a module-level function, frozen configs).
+
+    env_for(shard), when given, is set in each process's environment before its interpreter
+    starts (PJRT and Neuron read which device is theirs before any of the child's code runs):
+    the parent sets it around the spawn, under a lock, and restores its own."""
+
+    def __init__(self, env_for: Callable[[ShardInfo], Mapping[str, str]] | None = None):
+        self.env_for = env_for
 
     def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ProcessShardGroup:
         context = mp.get_context("spawn")
@@ -139,7 +147,26 @@ class ProcessShardLauncher:
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(target=_shard_main, args=(shard, target, tuple(args), writer),
                                       name=f"switchyard-shard-{shard.rank}")
-            process.start()
+            with _environment({} if self.env_for is None else self.env_for(shard)):
+                process.start()
             writer.close()
             started.append(_Shard(shard.rank, process, reader))
         return ProcessShardGroup(started)
+
+
+_ENV_LOCK = threading.Lock()  # os.environ is process-wide: one spawn at a time
+
+
+@contextmanager
+def _environment(extra: Mapping[str, str]):
+    if not extra:
+        yield
+        return
+    with _ENV_LOCK:
+        saved = dict(os.environ)
+        os.environ.update(extra)
+        try:
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)

@@ -28,8 +28,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     for report in discover_backends():
         state = "usable" if report.usable else "not usable"
         line = f"{report.name:<8} priority={report.priority:<4} {state}: {report.reason}"
-        if report.attention_impl:  # the path it takes, or would take where it is not usable
-            line += f" [attention{'' if report.usable else ' when usable'}: {report.attention_impl}]"
+        if report.attention_impl:  # what it runs, or would run where usable
+            line += f" [{'attention' if report.usable else 'would use'}: {report.attention_impl}]"
         print(line)
     return 0
 

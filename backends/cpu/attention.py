@@ -1,4 +1,9 @@
-"""CPU paged attention: attention over gathered blocks.
+"""CPU paged attention: decodes in place through the C++ kernel, else over gathered blocks.
+
+When the backend's `PagedDecode` holds the compiled kernel (extension.py,
+csrc/paged_decode.cpp), the batch's decodes are attended in one call that reads the
+paged cache in place; prompt chunks, and decodes when the kernel is unavailable or
+switched off, take the gather path below.
 
 Per step (once, shared by every layer through a `StepPlanCache`) we turn the
 metadata into a `_StepPlan`: one flat list of block ids to gather from each
@@ -25,6 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from switchyard.core.backend import AttentionKernel, AttentionMetadata, AttentionSpec
+
+from .extension import PagedDecode
 
 
 @dataclass(frozen=True)
@@ -81,13 +88,14 @@ class StepPlanCache:
         return buffer[:numel].view(shape)
 
     def get(self, meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype,
-            num_kv_heads: int) -> _StepPlan:
+            num_kv_heads: int, decodes: bool = True) -> _StepPlan:
+        """The step's plan; without the decodes' parts when `decodes` is False (attended in place)."""
         if meta is not self._meta:  # holding the reference keeps id(meta) from being reused
             self._meta, self._plans = meta, {}
-        key = (block_size, window, dtype, num_kv_heads)
+        key = (block_size, window, dtype, num_kv_heads, decodes)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = _build_plan(meta, block_size, window, dtype, num_kv_heads)
+            plan = self._plans[key] = _build_plan(meta, block_size, window, dtype, num_kv_heads, decodes)
         return plan
 
 
@@ -138,9 +146,9 @@ def _chunk_part(meta: AttentionMetadata, index: int, block_size: int, window: in
 
 
 def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype,
-                num_kv_heads: int) -> _StepPlan:
+                num_kv_heads: int, decodes: bool) -> _StepPlan:
     ids, parts, offset = [], [], 0
-    if meta.num_decodes:
+    if meta.num_decodes and decodes:
         block_ids, mask = _decode_part(meta, block_size, window, dtype, num_kv_heads)
         ids.append(block_ids)
         blocks_per_row = block_ids.numel() // meta.num_decodes
@@ -186,10 +194,12 @@ def sdpa_supports_gqa() -> bool:
 
 
 class CpuAttentionKernel(AttentionKernel):
-    """SDPA over gathered blocks; matches `paged_attention_reference`."""
+    """Decodes in place (when `decode` holds the compiled kernel), the rest SDPA over
+    gathered blocks; matches `paged_attention_reference`. `decode` None: gather only."""
 
-    def __init__(self, spec: AttentionSpec, plans: StepPlanCache | None = None):
+    def __init__(self, spec: AttentionSpec, plans: StepPlanCache | None = None, decode: PagedDecode | None = None):
         super().__init__(spec)
+        self._decode = decode if decode is not None else PagedDecode(enabled=False)
         if spec.num_heads % spec.num_kv_heads:
             raise ValueError(f"num_heads {spec.num_heads} is not a multiple of num_kv_heads {spec.num_kv_heads}")
         self._group = spec.num_heads // spec.num_kv_heads
@@ -209,7 +219,12 @@ class CpuAttentionKernel(AttentionKernel):
         if meta.num_requests == 0:
             return out
         _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-        plan = self._plans.get(meta, block_size, self.spec.sliding_window, query.dtype, num_kv_heads)
+        op = self._decode.op
+        in_place = op is not None and meta.num_decodes > 0
+        if in_place:
+            self._decodes_in_place(op, query, kv_cache, meta, out)
+        plan = self._plans.get(meta, block_size, self.spec.sliding_window, query.dtype, num_kv_heads,
+                               decodes=not in_place)
         for part in plan.parts:  # gather each part's blocks right before attending over them
             rows = part.num_rows
             kv = self._gather(kv_cache, plan.block_ids[part.blk_start:part.blk_end], query.dtype)
@@ -223,6 +238,20 @@ class CpuAttentionKernel(AttentionKernel):
                 o = self._attend(q, kv[0].transpose(1, 2), kv[1].transpose(1, 2), part.mask, gqa=True)
                 out[part.q_start:part.q_end].copy_(o[0].transpose(0, 1))
         return out
+
+    def _decodes_in_place(self, op, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                          out: torch.Tensor) -> None:
+        """The batch's decodes (its first rows) in one call of the C++ kernel, written into out."""
+        num = meta.num_decodes
+        query = query[:num]
+        if query.dtype != kv_cache.dtype or query.stride(-1) != 1:  # the kernel computes in the cache's dtype
+            query = query.to(kv_cache.dtype).contiguous()
+        same_dtype = out.dtype == kv_cache.dtype
+        target = out[:num] if same_dtype else torch.empty(query.shape, dtype=kv_cache.dtype)
+        op(target, query, kv_cache, meta.block_table.to(torch.int32), meta.seq_lens.to(torch.int32),
+           self.spec.scale, self.spec.sliding_window or 0, self.spec.soft_cap or 0.0)
+        if not same_dtype:
+            out[:num].copy_(target)
 
     def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """[2, N, bs, Hkv, D]: the blocks' keys and values, in a reused scratch buffer."""

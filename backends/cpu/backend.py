@@ -11,14 +11,21 @@ from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpe
                                      ShardInfo)
 
 from .attention import CpuAttentionKernel, StepPlanCache
+from .extension import PagedDecode
 from .linear import pack_linears, packing_supported
 from .tuning import choose_single_row_products
 
 logger = logging.getLogger(__name__)
 
-CPU_ATTENTION_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups "
-                      "of 16, short bf16 ones as one batched matmul; one call per prompt chunk); "
-                      "linear weights packed for oneDNN")
+GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "
+               "short bf16 ones as one batched matmul; one call per prompt chunk)")
+
+
+def _cache_root(cache_dir: str | None) -> str:
+    """Where compiled kernels are kept: the model's cache_dir (ModelConfig), else ~/.cache/switchyard."""
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    return cache_dir or default_cache_root()
 
 
 def shard_cores(cores: list[int], local_rank: int, local_world_size: int) -> list[int]:
@@ -47,8 +54,10 @@ class CpuBackend(Backend):
     priority = 0
     dist_backend = "gloo"
 
-    def __init__(self, pack_weights: bool = True) -> None:
+    def __init__(self, pack_weights: bool = True, in_place_decode: bool = True) -> None:
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
+        # Decode attention in place (C++, built at warm-up); in_place_decode=False forces the gather path.
+        self._decode = PagedDecode(enabled=in_place_decode)
         # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
         self.pack_weights = pack_weights and packing_supported()
         self._local_shards = 1  # shards of one model on this machine share its memory
@@ -61,7 +70,11 @@ class CpuBackend(Backend):
         # the kernel gathers whole blocks of any size; small ones serve tiny test models
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
-                            static_shapes=False, attention_impl=CPU_ATTENTION_IMPL)
+                            static_shapes=False, attention_impl=self.attention_impl())
+
+    def attention_impl(self, cache_dir: str | None = None) -> str:
+        decodes = self._decode.describe(_cache_root(cache_dir))
+        return f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed for oneDNN"
 
     @property
     def device(self) -> torch.device:
@@ -89,7 +102,7 @@ class CpuBackend(Backend):
         return available // self._local_shards
 
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
-        return CpuAttentionKernel(spec, self._plans)
+        return CpuAttentionKernel(spec, self._plans, self._decode)
 
     def prepare_model(self, loaded, config) -> None:
         """Packs the linear weights for oneDNN (linear.py), then tells the remaining linears
@@ -97,6 +110,12 @@ class CpuBackend(Backend):
         if self.pack_weights:
             pack_linears(loaded.model)
         choose_single_row_products(loaded.model)
+
+    def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
+        """The plain runner, once the in-place decode kernel is built or reused (extension.py;
+        the gather path, with its reason logged, if it cannot be)."""
+        self._decode.load(_cache_root(config.model.cache_dir))
+        return super().make_runner(loaded, kv_caches, config)
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
         """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc),

@@ -29,22 +29,17 @@ def shard_env(shard: ShardInfo) -> dict[str, str]:
     return {"CCL_LOCAL_RANK": str(shard.local_rank), "CCL_LOCAL_SIZE": str(shard.local_world_size)}
 
 
-def _xpu_shard_main(shard: ShardInfo, target: Callable[..., None], args: tuple) -> None:
-    """A shard's body (spawned): its oneCCL placement, then target(shard, *args)."""
-    os.environ.update(shard_env(shard))
-    target(shard, *args)
-
-
 class XpuShardLauncher:
     """The core process launcher, after a device check, with each shard's oneCCL placement.
 
     device_count: how many devices shards may use (torch.xpu.device_count on XPU; None on
     the host CPU, where shards share it); base: the launcher that spawns the processes
-    (default: core's ProcessShardLauncher)."""
+    (default: core's ProcessShardLauncher, setting shard_env in each process before its
+    interpreter starts)."""
 
     def __init__(self, device_count: Callable[[], int] | None, base: ShardLauncher | None = None):
         self._device_count = device_count
-        self._base = base or ProcessShardLauncher()
+        self._base = base or ProcessShardLauncher(env_for=shard_env)
 
     def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ShardGroup:
         local_size = max((s.local_world_size for s in shards), default=0)
@@ -55,4 +50,4 @@ class XpuShardLauncher:
                 where = f" (ZE_AFFINITY_MASK={mask})" if mask is not None else ""
                 raise ValueError(f"--num-shard {local_size} needs {local_size} XPUs on this node, but "
                                  f"{count} {'is' if count == 1 else 'are'} visible{where}")
-        return self._base.start(shards, _xpu_shard_main, (target, tuple(args)))
+        return self._base.start(shards, target, args)

@@ -23,14 +23,16 @@ def fill_dummy_weights(model: nn.Module, seed: int, per_name: bool = False) -> N
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
             continue
-        device = param.device
+        # XLA devices have no torch.Generator: drawn on the host, like the CPU's values
+        device = torch.device("cpu") if param.device.type == "xla" else param.device
         if per_name:
             name_seed = seed * 1_000_003 + zlib.crc32(name.encode())
             generators[device] = torch.Generator(device=device).manual_seed(name_seed)
         elif device not in generators:
             generators[device] = torch.Generator(device=device).manual_seed(seed)
         if device.type == "cpu":
-            values = torch.randn(param.shape, generator=generators[device], dtype=torch.float32) * DUMMY_STD
+            values = torch.randn(param.shape, generator=generators[device], dtype=torch.float32,
+                                 device=device) * DUMMY_STD
             param.data.copy_(values)
         else:
             param.data.normal_(0.0, DUMMY_STD, generator=generators[device])

@@ -1,6 +1,9 @@
-"""The CPU kernel against the plain-torch reference on ragged, paged batches."""
+"""The CPU kernel against the plain-torch reference on ragged, paged batches: the gather
+path, and the in-place C++ decode kernel (built once into the default cache root, as
+an engine start would; the first build takes about a minute)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
 
@@ -9,6 +12,8 @@ import torch
 
 from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend, StepPlanCache
 from switchyard.backends.cpu import attention as cpu_attention
+from switchyard.backends.cpu import extension
+from switchyard.backends.cpu.extension import PagedDecode
 from switchyard.core.backend import AttentionMetadata, AttentionSpec
 from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
 
@@ -47,7 +52,24 @@ def ragged_batch(rng: random.Random, block_size: int) -> tuple[list[tuple[int, i
     return decodes + chunks, len(decodes)
 
 
-def run_both(lens, num_decodes, spec: AttentionSpec, seed: int, num_blocks: int = 64):
+@pytest.fixture(scope="session")
+def in_place() -> PagedDecode:
+    """The in-place decode kernel, built (or reused) where the engine keeps it."""
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    decode = PagedDecode()
+    build = decode.load(default_cache_root())
+    assert build is not None and build.available, build.reason
+    return decode
+
+
+@pytest.fixture(params=["gather", "in_place"])
+def decode_path(request) -> PagedDecode | None:
+    return request.getfixturevalue("in_place") if request.param == "in_place" else None
+
+
+def run_both(lens, num_decodes, spec: AttentionSpec, seed: int, num_blocks: int = 64,
+             decode: PagedDecode | None = None):
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     meta = make_meta(lens, num_decodes, spec.block_size, num_blocks, rng)
@@ -59,7 +81,7 @@ def run_both(lens, num_decodes, spec: AttentionSpec, seed: int, num_blocks: int 
     key = torch.randn(num_tokens, spec.num_kv_heads, spec.head_dim, generator=gen).to(spec.dtype)
     value = torch.randn(num_tokens, spec.num_kv_heads, spec.head_dim, generator=gen).to(spec.dtype)
 
-    kernel = CpuAttentionKernel(spec)
+    kernel = CpuAttentionKernel(spec, decode=decode)
     kernel.write_kv(key, value, cache, meta)
     write_kv_reference(key, value, ref_cache, meta.slot_mapping)
     assert torch.equal(cache, ref_cache)
@@ -76,13 +98,14 @@ TOLERANCE = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(ato
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (5, None), (19, None), (None, 2.0), (11, 3.0)])
-def test_matches_reference_on_ragged_batches(dtype, block_size, group, window, soft_cap):
+def test_matches_reference_on_ragged_batches(dtype, block_size, group, window, soft_cap, decode_path):
+    """Mixed batches (decodes, prompt chunks with and without a cached prefix) through forward."""
     seed = zlib.crc32(repr((dtype, block_size, group, window, soft_cap)).encode()) % 10_000
     lens, num_decodes = ragged_batch(random.Random(seed), block_size)
     spec = AttentionSpec(num_heads=NUM_KV_HEADS * group, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
                          block_size=block_size, scale=HEAD_DIM ** -0.5, dtype=dtype,
                          sliding_window=window, soft_cap=soft_cap)
-    out, expected = run_both(lens, num_decodes, spec, seed)
+    out, expected = run_both(lens, num_decodes, spec, seed, decode=decode_path)
     assert out.dtype == dtype and out.shape == expected.shape
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
@@ -100,14 +123,14 @@ def test_batch_shapes(lens, num_decodes):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 5])
-def test_many_decodes_match_reference_across_row_groups(dtype, window):
-    """35 decodes: two full row groups on the matmul path (bf16) and a 3-row rest on SDPA."""
+def test_many_decodes_match_reference_across_row_groups(dtype, window, decode_path):
+    """35 decodes: gathered, two full row groups on the matmul path (bf16) and a 3-row rest on SDPA."""
     assert cpu_attention.DECODE_ROWS_PER_GROUP == 16 and cpu_attention.MIN_ROWS_FOR_MATMUL_DECODES == 4
     rng = random.Random(3)
     lens = [(1, rng.randint(1, 60)) for _ in range(35)] + [(9, 20)]
     spec = AttentionSpec(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3, dtype=dtype,
                          sliding_window=window)
-    out, expected = run_both(lens, 35, spec, seed=11, num_blocks=512)
+    out, expected = run_both(lens, 35, spec, seed=11, num_blocks=512, decode=decode_path)
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
 
@@ -176,3 +199,143 @@ def test_kernel_works_inside_and_outside_inference_mode():
     with torch.inference_mode():
         inside = kernel.forward(query, cache, meta)
     assert torch.equal(kernel.forward(query, cache, meta), inside)
+
+
+# ---- the in-place decode kernel (csrc/paged_decode.cpp) ----
+
+IN_PLACE_TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5),
+                      # both round a float32 result to bf16 once: at most about one bf16 ulp apart
+                      torch.bfloat16: dict(atol=1e-2, rtol=8e-3)}
+
+
+def _no_gather(*args, **kwargs):
+    raise AssertionError("decodes were gathered instead of read in place")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 2.0), (13, 3.0)])
+def test_in_place_decodes_match_reference(in_place, monkeypatch, dtype, block_size, group, window, soft_cap):
+    """Decode-only batches, contexts on and across block boundaries, never gathered."""
+    monkeypatch.setattr(CpuAttentionKernel, "_gather", _no_gather)
+    lens = [(1, n) for n in (1, block_size - 1, block_size, block_size + 1, 2 * block_size + 3, 5 * block_size, 97)]
+    spec = AttentionSpec(num_heads=NUM_KV_HEADS * group, num_kv_heads=NUM_KV_HEADS, head_dim=64,
+                         block_size=block_size, scale=0.125, dtype=dtype, sliding_window=window, soft_cap=soft_cap)
+    out, expected = run_both(lens, len(lens), spec, seed=block_size * 10 + group, num_blocks=128, decode=in_place)
+    torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 80])  # the two specialised head dims, and the generic code
+def test_in_place_kernel_on_many_requests_with_a_strided_query(in_place, dtype, head_dim):
+    """48 requests of ~200 tokens, 9 query heads on 3 KV heads (SmolLM2's shapes at head_dim
+    64); the query is a column slice of a fused projection (rows not contiguous), as a model
+    may hand it over."""
+    gen, rng = torch.Generator().manual_seed(5), random.Random(5)
+    lens = [(1, rng.randint(150, 250)) for _ in range(48)]
+    meta = make_meta(lens, 48, 16, 1024, rng)
+    cache = torch.randn(2, 1024, 16, 3, head_dim, generator=gen).to(dtype)
+    fused = torch.randn(48, 15, head_dim, generator=gen).to(dtype)  # q (9 heads), k (3), v (3)
+    query = fused[:, :9]
+    assert not query.is_contiguous()
+    spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=head_dim, block_size=16, scale=0.125, dtype=dtype)
+    out = CpuAttentionKernel(spec, decode=in_place).forward(query, cache, meta)
+    expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
+                                         meta.block_table, 0.125)
+    torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+@pytest.mark.slow
+def test_second_start_reuses_the_build(in_place):
+    """A new process finds the binary built by the first one: nothing is compiled."""
+    import subprocess
+    import sys
+
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    build = in_place.build
+    binary = f"{build.directory}/{build.directory.rsplit('/', 1)[1]}.so"
+    built_at = __import__("os").stat(binary).st_mtime_ns
+    script = ("from switchyard.backends.cpu.extension import build_paged_decode as b; "
+              f"r = b({default_cache_root()!r}); print(r.available, r.cache_hit, r.seconds, r.directory)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    available, cache_hit, seconds, directory = result.stdout.split()
+    assert (available, cache_hit, directory) == ("True", "True", build.directory), result.stderr
+    assert float(seconds) < 5.0
+    assert __import__("os").stat(binary).st_mtime_ns == built_at
+
+
+def test_failed_build_falls_back_to_the_gather_path(tmp_path, caplog):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("#error deliberately broken\n")
+    decode = PagedDecode()
+    with caplog.at_level("WARNING", logger=extension.__name__):
+        build = decode.load(str(tmp_path / "cache"), str(broken))
+    assert not build.available and decode.op is None
+    assert "build failed" in build.reason and "deliberately broken" in build.reason
+    assert [r.getMessage() for r in caplog.records if "gather path" in r.getMessage()] != []
+    assert decode.describe(str(tmp_path / "cache")).startswith("gather path (build failed")
+    spec = AttentionSpec(num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
+    out, expected = run_both([(1, 20), (1, 9), (9, 30)], 2, spec, seed=4, decode=decode)
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
+
+
+def test_no_compiler_means_the_gather_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    decode = PagedDecode()
+    assert decode.describe(str(tmp_path)).startswith("gather path (no C++ compiler")
+    build = decode.load(str(tmp_path))
+    assert not build.available and build.reason.startswith("no C++ compiler") and decode.op is None
+
+
+def test_backend_reports_the_decode_path(in_place):
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    assert "decodes: gather path (forced)" in CpuBackend(in_place_decode=False).capabilities().attention_impl
+    assert "decodes: in-place paged kernel" in CpuBackend().capabilities().attention_impl  # what a start would do
+    backend = CpuBackend()
+    backend._decode.load(default_cache_root())
+    assert f"in-place paged kernel (C++ extension, {in_place.build.directory})" in backend.attention_impl()
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
+    assert backend.attention(spec)._decode is backend._decode
+    assert CpuBackend(in_place_decode=False).attention(spec)._decode.op is None
+
+
+@pytest.mark.slow
+def test_engine_decodes_in_place_with_the_same_tokens(tmp_path):
+    """Through the real engine (a tiny Llama, SmolLM2's head_dim 64 and group 3, several blocks
+    per request): the backend
+    builds the kernel at warm-up, the decode steps read the cache in place, and greedy
+    tokens equal those of the forced gather path."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
+    from switchyard.core.engine import EngineCore
+    from switchyard.core.params import SamplingParams
+    from switchyard.core.request import Request
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    engine_config = EngineConfig(model=ModelConfig(model=str(tmp_path)), backend="cpu",
+                                 cache=CacheConfig(block_size=8, num_blocks=64))
+    prompts = [[1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41], [1, 7, 3], list(range(1, 20))]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    outputs, in_place_calls = [], []
+    for backend in (CpuBackend(), CpuBackend(in_place_decode=False)):
+        engine = EngineCore(engine_config, backend=backend)
+        if backend._decode.op is not None:
+            op = backend._decode.op
+            backend._decode.build = dataclasses.replace(
+                backend._decode.build, op=lambda *args: (in_place_calls.append(1), op(*args)))
+        for i, prompt in enumerate(prompts):
+            engine.add_request(Request(f"r{i}", prompt, params))
+        tokens = {f"r{i}": [] for i in range(len(prompts))}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+        outputs.append(tokens)
+    assert len(in_place_calls) >= 2 * 19  # both layers, every decode step
+    assert outputs[0] == outputs[1] and all(len(t) == 20 for t in outputs[0].values())

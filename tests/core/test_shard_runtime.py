@@ -87,3 +87,17 @@ def test_two_nodes_on_loopback_give_one_nodes_tokens(tiny_llama):
         node1.kill()
     assert node1.returncode == 0, log  # told to stop by rank 0, not failed
     assert "node 1: started shards [1]" in log and "shard 1 of 2 ready" in log
+
+
+def test_heads_that_do_not_divide_are_refused_before_any_shard_starts(monkeypatch):
+    """SmolLM2 (9 heads, 3 KV heads) on 2 shards: the one-line error, and no process launched."""
+    from switchyard.backends.cpu import CpuBackend
+    from switchyard.core.params import ValidationError
+
+    launched = []
+    monkeypatch.setattr(CpuBackend, "shard_launcher", lambda self: launched.append(self))
+    config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2))
+    with pytest.raises(ValidationError, match=r"^SmolLM2-135M-Instruct has 9 attention heads and 3 KV heads: "
+                                              r"--num-shard 2 does not divide them \(1, 3 and 9 shards do\)$"):
+        EngineCore(config, CpuBackend())
+    assert launched == []

@@ -12,7 +12,7 @@ import torch
 from switchyard.backends.xpu import backend as xpu_backend
 from switchyard.backends.xpu import ipex as xpu_ipex
 from switchyard.backends.xpu.backend import XpuBackend, probe_xpu
-from switchyard.backends.xpu.distributed import XpuShardLauncher, process_group_backend
+from switchyard.backends.xpu.distributed import XpuShardLauncher, process_group_backend, shard_env
 from switchyard.core.backend import AttentionSpec, ShardInfo
 from switchyard.core.config import CacheConfig
 
@@ -145,28 +145,19 @@ def test_launcher_refuses_more_shards_than_xpus(monkeypatch):
     assert XpuShardLauncher(None, base=RecordingLauncher()).start(_shards(4), print) == "group"  # CPU device
 
 
-def _record(shard, seen):
-    seen.append((shard.rank, os.environ["CCL_LOCAL_RANK"], os.environ["CCL_LOCAL_SIZE"]))
-
-
-def test_each_shard_gets_its_oneccl_placement_before_target_runs(monkeypatch):
+def test_each_shard_gets_its_oneccl_placement():
+    shards = _shards(4)
+    assert [shard_env(s) for s in shards] == [{"CCL_LOCAL_RANK": str(r), "CCL_LOCAL_SIZE": "4"} for r in (1, 2, 3)]
     base = RecordingLauncher()
-    XpuShardLauncher(lambda: 4, base=base).start(_shards(4), _record, ("seen",))
-    shards, entry, args = base.started
-    assert [s.rank for s in shards] == [1, 2, 3]
-    seen = []
-    for shard in shards:  # what each spawned process runs
-        with monkeypatch.context() as m:
-            for name in ("CCL_LOCAL_RANK", "CCL_LOCAL_SIZE"):
-                m.delenv(name, raising=False)
-            entry(shard, args[0], (seen,))
-    assert seen == [(1, "1", "4"), (2, "2", "4"), (3, "3", "4")]
+    XpuShardLauncher(lambda: 4, base=base).start(shards, print, ("x",))
+    assert base.started == (shards, print, ("x",))
 
 
-def test_the_default_base_is_cores_process_launcher():
+def test_the_default_base_is_cores_process_launcher_with_the_oneccl_env():
     from switchyard.core.shard_group import ProcessShardLauncher
 
-    assert isinstance(XpuShardLauncher(None)._base, ProcessShardLauncher)
+    base = XpuShardLauncher(None)._base
+    assert isinstance(base, ProcessShardLauncher) and base.env_for is shard_env
 
 
 def test_backend_launcher_checks_the_device_count_on_xpu_only():
@@ -181,4 +172,4 @@ def test_switchyard_backends_names_the_attention_path_of_an_unusable_backend(cap
                                                                                 lambda: (True, "fits"))))
     cli._cmd_backends(None)
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("xpu"))
-    assert "not usable: no XPU device visible" in line and "[attention when usable: IPEX paged attention" in line
+    assert "not usable: no XPU device visible" in line and "[would use: IPEX paged attention" in line

@@ -1,0 +1,158 @@
+"""Builds and loads the CPU backend's C++ decode-attention kernel (csrc/paged_decode.cpp).
+
+Compiled with torch's extension mechanism on first use of the backend (the engine's
+warm-up, never at import), into `<cache root>/torch_extensions/<name>`, a directory
+named after everything the binary depends on (the source, torch's version, the
+Python ABI, this CPU's flags: it is built with -march=native), so a second start, and
+every shard process, reuses it. An exclusive file lock serialises concurrent builds;
+torch's own lock file inside the directory is cleared under it, so a build killed
+half-way cannot leave later starts waiting forever. When there is no compiler or the
+build fails, `build_paged_decode` returns an unavailable `PagedDecodeBuild` with the
+reason, and the caller keeps the gather path.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_decode.cpp")
+CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno")
+
+
+@dataclass(frozen=True)
+class PagedDecodeBuild:
+    """The outcome of one build-or-reuse. `op` is the loaded kernel (None when unavailable):
+    op(out, query, kv_cache, block_table, seq_lens, scale, window, soft_cap)."""
+
+    op: Callable[..., None] | None
+    reason: str  # why it is unavailable; "" when available
+    directory: str
+    seconds: float
+    cache_hit: bool  # the binary was already built: nothing was compiled
+
+    @property
+    def available(self) -> bool:
+        return self.op is not None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def build_name(source: str, cache_root: str) -> str:
+    """The extension's name (also its op namespace): a digest of what the binary depends on,
+    and of where it is kept (two builds loaded in one process must not share a namespace)."""
+    with open(source, "rb") as file:
+        text = file.read()
+    key = b"\0".join([text, os.path.abspath(cache_root).encode(), torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
+                      _cpu_flags().encode(), " ".join(CFLAGS).encode()])
+    return "switchyard_paged_decode_" + hashlib.sha256(key).hexdigest()[:16]
+
+
+def build_directory(cache_root: str, name: str) -> str:
+    return os.path.join(cache_root, "torch_extensions", name)
+
+
+def _missing_tools() -> str:
+    compiler = os.environ.get("CXX", "c++")  # torch's own rule for which compiler it calls
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler!r} not found)"
+    return "" if shutil.which("ninja") else "ninja not found"
+
+
+def _compile(name: str, source: str, directory: str) -> Callable[..., None]:
+    from torch.utils.cpp_extension import load
+
+    with open(os.path.join(directory, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the OS if this process dies
+        stale = os.path.join(directory, "lock")  # torch's FileBaton; only a dead build leaves it here
+        if os.path.exists(stale):
+            os.remove(stale)
+        load(name=name, sources=[source], extra_cflags=list(CFLAGS), build_directory=directory,
+             is_python_module=False, verbose=False)
+    return getattr(torch.ops, name).paged_decode
+
+
+def _first_error_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = next((line for line in lines if "error" in line.lower() and "Error building" not in line),
+                lines[0] if lines else "no message")
+    return line[:300]
+
+
+@cache
+def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
+    """Builds (or reuses) the kernel under `cache_root`, once per process; never raises."""
+    name = build_name(source, cache_root)
+    directory = build_directory(cache_root, name)
+    missing = _missing_tools()
+    if missing:
+        logger.warning("CPU decode attention: gather path, the in-place kernel cannot be built: %s", missing)
+        return PagedDecodeBuild(None, missing, directory, 0.0, False)
+    binary = os.path.join(directory, f"{name}.so")
+    was_built = os.path.exists(binary)
+    began = time.perf_counter()
+    try:
+        os.makedirs(directory, exist_ok=True)
+        op = _compile(name, source, directory)
+    except Exception as error:  # a compiler error, a missing header, an unloadable binary
+        reason = f"build failed ({type(error).__name__}: {_first_error_line(str(error))})"
+        logger.warning("CPU decode attention: gather path, %s; build directory %s", reason, directory)
+        return PagedDecodeBuild(None, reason, directory, time.perf_counter() - began, False)
+    seconds = time.perf_counter() - began
+    logger.info("CPU decode attention: in-place kernel %s in %.1f s (%s)",
+                "reused" if was_built else "compiled", seconds, directory)
+    return PagedDecodeBuild(op, "", directory, seconds, was_built)
+
+
+class PagedDecode:
+    """Which decode-attention path the CPU kernels take: decided once per engine, at
+    warm-up (`load`), and shared by the backend and every layer's kernel. Until loaded,
+    when disabled (the switch that forces the gather path) or when the build failed,
+    `op` is None and the kernels gather."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.build: PagedDecodeBuild | None = None
+
+    def load(self, cache_root: str, source: str = SOURCE) -> PagedDecodeBuild | None:
+        if self.enabled and self.build is None:
+            self.build = build_paged_decode(cache_root, source)
+        return self.build
+
+    @property
+    def op(self) -> Callable[..., None] | None:
+        return self.build.op if self.build is not None else None
+
+    def describe(self, cache_root: str) -> str:
+        """For `switchyard backends`: the path in use, or the one a start would take."""
+        if not self.enabled:
+            return "gather path (forced)"
+        if self.build is not None:
+            if not self.build.available:
+                return f"gather path ({self.build.reason})"
+            return f"in-place paged kernel (C++ extension, {self.build.directory})"
+        missing = _missing_tools()
+        if missing:
+            return f"gather path ({missing})"
+        name = build_name(SOURCE, cache_root)
+        built = os.path.exists(os.path.join(build_directory(cache_root, name), f"{name}.so"))
+        return ("in-place paged kernel (C++ extension, " + ("built" if built else "compiled at first start")
+                + f" under {os.path.join(cache_root, 'torch_extensions')}; gather path if the build fails)")
