@@ -12,6 +12,10 @@ server, peers included: use that to compare servers).
 The offline runs use LLM(max_num_seqs=32) on the same prompts: `rounds` requests one
 after another (concurrency 1), and 32 * rounds with 32 running.
 Run it alone: the clients, the server and the offline run share the 2 cores.
+
+`--engine thread` serves with the engine in a thread of the gateway process (how
+`switchyard serve` ran before the engine moved to its own process), for comparison;
+the default is the engine process `switchyard serve` uses.
 """
 from __future__ import annotations
 
@@ -81,11 +85,29 @@ def offline(args) -> dict[int, float]:
     return figures
 
 
-def start_server(args, extra_flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+# `switchyard serve` with the engine in a thread of the gateway process (the comparison)
+_THREAD_SERVE = """
+import sys
+import switchyard.gateway.serve as serve
+from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine_process import build_engine
+
+class ThreadClient(InProcessEngineClient):
+    def wait_model_checked(self, timeout=None):
+        return "(engine in a thread)"
+
+serve.make_engine_client = lambda config, json_output=False: ThreadClient(lambda: build_engine(config))
+from switchyard.gateway.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_server(args, extra_flags: tuple[str, ...] = (), engine: str = "process") -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), "--dtype", args.dtype,
+    launcher = ["-m", "switchyard.gateway.cli"] if engine == "process" else ["-c", _THREAD_SERVE]
+    cmd = [sys.executable, *launcher, "serve", "--port", str(port), "--dtype", args.dtype,
            "--num-kv-blocks", str(args.kv_blocks), "--max-batch-size", "64", *extra_flags]
     if args.model:
         cmd += ["--model-id", args.model]
@@ -117,16 +139,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--kv-blocks", type=int, default=2048)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--engine", choices=["process", "thread"], nargs="+", default=["process"],
+                        help="where the server's engine runs; several: one server each, in turn")
     args = parser.parse_args()
 
     offline_tok_s = offline(args)
     for c, tok_s in offline_tok_s.items():
         print(f"offline API, {c} running, {c * args.rounds} requests: {tok_s:8.1f} tok/s", flush=True)
-    proc, url = start_server(args)
+    for engine in args.engine:
+        results = serve_and_load(args, engine)
+        for c in (1, 32):
+            if c in results:
+                ratio = results[c]["tok_s"] / offline_tok_s[c]
+                print(f"engine {engine}: HTTP / offline throughput at concurrency {c}: {ratio:.2f} (aim >= 0.90)")
+        print(f"engine {engine}: mean ITL: {statistics.fmean(i for r in results.values() for i in r['itl']) * 1e3:.1f} ms")
+
+
+def serve_and_load(args, engine: str) -> dict[int, dict]:
+    proc, url = start_server(args, engine=engine)
     results = {}
     try:
         asyncio.run(load(url, 2, 1, 8))  # warm-up
-        print(f"{'conc':>5} {'tok/s':>9} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>9} {'ITL p99':>9}")
+        print(f"engine {engine}:\n{'conc':>5} {'tok/s':>9} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>9} "
+              f"{'ITL p99':>9}")
         for c in args.concurrency:
             r = asyncio.run(load(url, c, args.rounds, args.new_tokens))
             results[c] = r
@@ -136,11 +171,7 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    for c in (1, 32):
-        if c in results:
-            ratio = results[c]["tok_s"] / offline_tok_s[c]
-            print(f"HTTP / offline throughput at concurrency {c}: {ratio:.2f} (aim >= 0.90)")
-    print(f"mean ITL over all runs: {statistics.fmean(i for r in results.values() for i in r['itl']) * 1e3:.1f} ms")
+    return results
 
 
 if __name__ == "__main__":

@@ -2,200 +2,106 @@
 
 `add_request(request)` returns a `RequestStream`, an async iterator of
 `RequestOutput`s; `abort(request_id)` withdraws a request and frees its blocks
-before the next step. The in-process client runs the step loop in one thread;
-the gateway's event loop only enqueues commands and receives outputs, so a
-slow step never blocks HTTP.
+before the next step. The engine runs its step loop (core/engine_loop.py) either in a
+thread of this process (`InProcessEngineClient`: offline use and tests) or in its own
+process (`ProcessEngineClient`, core/engine_process.py: `switchyard serve`); both talk to
+it with the same messages (core/engine_messages.py) over a channel, and a reader thread
+hands each step's outputs to their streams: one wake-up per event loop per step, so the
+gateway's event loop never waits on a step.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import queue
 import threading
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import EngineDeadError  # noqa: F401 - re-exported for the gateway
-from .request import FinishReason, Request, RequestOutput
+from .client_base import EngineClient, RequestStream
+from .engine_channel import Channel, queue_pair
+from .engine_loop import serve_engine
+from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, EngineLoad, LoadChanged,
+                              ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop)
+from .errors import EngineDeadError
+from .request import Request, RequestOutput
 
 if TYPE_CHECKING:
     from .grammar.spec import GrammarSpec
 
+__all__ = ["ChannelEngineClient", "EngineClient", "EngineDeadError", "EngineLoad", "InProcessEngineClient",
+           "RequestStream", "StepStats"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class StepStats:
-    """What one engine step did, reported to the gateway's metrics."""
+class ChannelEngineClient(EngineClient):
+    """The client side of engine_messages over a Channel; subclasses start the engine
+    (`_open`), tell whether it still runs (`_ended`) and stop it (`_close`)."""
 
-    num_running: int
-    num_waiting: int
-    num_scheduled_tokens: int
-    num_prefill_tokens: int
-    num_decodes: int
-    num_kv_blocks_used: int
-    num_kv_blocks_total: int
-    duration_s: float
-    # prefix cache, over this step's admissions: prompt tokens looked up, and found cached
-    num_prefix_queried_tokens: int = 0
-    num_prefix_hit_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """What the engine holds now: published after every step and every command it applies
-    (an abort frees blocks with no step after it), so metrics are true when idle."""
-
-    num_running: int
-    num_waiting: int
-    num_kv_blocks_used: int
-    num_kv_blocks_total: int
-
-
-class RequestStream:
-    """The outputs of one request, in order. Raises the engine's error if it failed."""
-
-    def __init__(self, request: Request, abort: Callable[[str], None]):
-        self.request_id = request.request_id
-        self.num_prompt_tokens = request.num_prompt_tokens
-        self.arrival_time = request.arrival_time
-        self.first_token_time: float | None = None
-        self.finished = False
-        self._abort = abort
-        self.loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    def abort(self) -> None:
-        """Withdraw the request if it is still running (idempotent)."""
-        if not self.finished:
-            self.finished = True
-            self._abort(self.request_id)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished and self._queue.empty():
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if self.first_token_time is None and item.new_token_ids:
-            self.first_token_time = time.monotonic()
-        if item.finished:
-            self.finished = True
-        return item
-
-
-class EngineClient(ABC):
-    """The interface the gateway talks to (in-process now; over a socket later)."""
-
-    tokenizer: object
-    info: object  # core.engine.EngineInfo
-
-    @abstractmethod
-    async def add_request(self, request: Request) -> RequestStream:
-        """Queue a request; raises ValidationError if the engine rejects it."""
-
-    async def add_requests(self, requests: list[Request]) -> list[RequestStream]:
-        """Queue several requests together (the n sequences of a prompt); all or none."""
-        streams: list[RequestStream] = []
-        try:
-            for request in requests:
-                streams.append(await self.add_request(request))
-        except BaseException:
-            for stream in streams:
-                stream.abort()
-            raise
-        return streams
-
-    @abstractmethod
-    def abort(self, request_id: str) -> None: ...
-
-    async def compile_grammar(self, spec: GrammarSpec) -> None:
-        """Compile (and cache) a grammar before submitting the request that uses it;
-        raises GrammarError if it is invalid, unsupported or too slow to compile. The
-        default does nothing: errors then surface when the request's stream is read."""
-
-    @property
-    @abstractmethod
-    def ready(self) -> bool:
-        """True once the model is loaded and warmed up."""
-
-    @property
-    def num_unfinished(self) -> int:
-        return 0
-
-    @property
-    def load(self) -> EngineLoad | None:
-        """The engine's latest load, or None if it does not report one."""
-        return None
-
-    def start(self) -> None:
-        """Begin loading the model (returns at once)."""
-
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        """Until ready; raises the start-up error if loading failed."""
-
-    async def shutdown(self, timeout: float = 10.0) -> None: ...
-
-
-_ADD, _ABORT, _STOP = "add", "abort", "stop"
-
-
-class InProcessEngineClient(EngineClient):
-    """Runs EngineCore in a background thread built by `engine_factory`.
-
-    `engine_factory()` returns (engine_core, tokenizer); it runs in the engine thread
-    so that loading the model does not hold up the HTTP server (which answers
-    /health with 503 meanwhile). Streams may live on any event loop."""
-
-    def __init__(self, engine_factory: Callable[[], tuple[object, object]],
-                 on_step: Callable[[StepStats], None] | None = None, warm_up: bool = True):
-        self._engine_factory = engine_factory
-        self.on_step = on_step  # called in the engine thread after each step
-        self._warm_up = warm_up
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self.startup_error: BaseException | None = None
-        self.engine = None
+    def __init__(self, on_step: Callable[[StepStats], None] | None = None):
+        self.on_step = on_step
         self.tokenizer = None
-        self.info = None
-        self._load: EngineLoad | None = None  # replaced whole by the engine thread
+        self.info: EngineInfo | None = None
+        self.startup_error: BaseException | None = None
+        self._failure: BaseException | None = None
+        self._load: EngineLoad | None = None  # replaced whole by the reader thread
+        self._ready = threading.Event()
+        self._model_checked = threading.Event()
+        self.model_description: str | None = None  # from ModelChecked, when the engine sends it
+        self._channel: Channel | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._lock = threading.Lock()  # guards _streams and _pending
+        self._streams: dict[str, RequestStream] = {}
+        self._pending: dict[int, asyncio.Future] = {}
+        self._tokens = itertools.count()
 
-    # -- life cycle ---------------------------------------------------------------
+    @abstractmethod
+    def _open(self) -> Channel:
+        """Start the engine; the owner's end of its channel."""
+
+    @abstractmethod
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        """Why the engine is gone (e.g. its process's exit code), or None while it runs
+        (after waiting up to `wait_s` for it to end)."""
+
+    @abstractmethod
+    def _close(self, timeout: float) -> None:
+        """After Stop was sent: wait for the engine to end (force it past `timeout`)."""
+
+    # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
-        """Start the engine thread (loads the model, warms up, then steps)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="switchyard-engine", daemon=True)
-            self._thread.start()
+        if self._channel is None:
+            self._channel = self._open()
+            self._reader = threading.Thread(target=self._read, name="switchyard-engine-reader", daemon=True)
+            self._reader.start()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready.is_set():
-            if self.startup_error is not None:
-                raise self.startup_error
+            if self._failure is not None:
+                raise self._failure
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("the engine did not become ready in time")
             await asyncio.sleep(0.05)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
-        self._commands.put((_STOP, None, None))
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, timeout)
+        if self._channel is None or self._stopping:
+            return
+        self._stopping = True
+        self._ready.clear()
+        self._channel.send(Stop())
+        await asyncio.to_thread(self._close, timeout)
 
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
 
     @property
     def num_unfinished(self) -> int:
@@ -205,166 +111,198 @@ class InProcessEngineClient(EngineClient):
     def load(self) -> EngineLoad | None:
         return self._load
 
-    # -- requests (any event loop) -------------------------------------------------
-    async def add_request(self, request: Request) -> RequestStream:
-        return (await self.add_requests([request]))[0]
-
+    # -- requests (any event loop) ---------------------------------------------------------
     async def add_requests(self, requests: list[Request]) -> list[RequestStream]:
         """One command for all: the engine adds them before its next step, so the n
         sequences of a prompt are admitted together and share its blocks; all or none."""
-        if not self.ready:
-            raise EngineDeadError("the engine is not ready")
+        self._check_serving()
         if not requests:
             return []
         streams = [RequestStream(request, self.abort) for request in requests]
-        accepted: asyncio.Future = streams[0].loop.create_future()
-        self._commands.put((_ADD, list(zip(requests, streams)), accepted))
-        await accepted
+        token, future = self._expect_answer()
+        with self._lock:
+            self._streams.update((s.request_id, s) for s in streams)
+        self._channel.send(AddRequests(token, tuple(requests)))
+        try:
+            await future
+        except BaseException:  # refused, or our caller went away: withdraw what the engine may hold
+            for stream in streams:
+                stream.abort()
+            raise
         return streams
 
     async def compile_grammar(self, spec: GrammarSpec) -> None:
         """Compiles on the engine's grammar workers (never on the step loop or this event
         loop); the later add_request of a request with this spec hits the cache."""
-        if not self.ready:
-            raise EngineDeadError("the engine is not ready")
+        self._check_serving()
+        token, future = self._expect_answer()
+        self._channel.send(CompileGrammar(token, spec))
         # shielded: a caller that goes away must not cancel the compile others share
-        await asyncio.shield(asyncio.wrap_future(self.engine.grammar_service.compile(spec)))
+        await asyncio.shield(future)
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the engine frees the request before its next step."""
-        self._commands.put((_ABORT, request_id, None))
+        if self._forget(request_id) and not self._stopping:
+            self._channel.send(Abort(request_id))
 
-    # -- the engine thread ------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self.engine, self.tokenizer = self._engine_factory()
-            self.info = self.engine.info
-            from .output_processor import OutputProcessor
+    def _check_serving(self) -> None:
+        if self._failure is not None:
+            raise EngineDeadError(f"the engine is not running: {self._failure}")
+        if not self.ready:
+            raise EngineDeadError("the engine is not ready")
 
-            self._processor = OutputProcessor(self.tokenizer, self.engine.finish_request)
-            if self._warm_up:
-                self._warm_up_engine()
-        except BaseException as exc:  # noqa: BLE001 - reported to the gateway, which exits
-            logger.exception("engine start-up failed")
-            self.startup_error = exc
-            return
-        self._publish_load()
-        self._ready.set()
-        logger.info("engine warmed up and ready")
-        while self._handle_commands(block=not self.engine.has_unfinished_requests()):
-            if self.engine.has_unfinished_requests():
-                self._step()
-        self.engine.shutdown()  # its grammar workers and shards go with it
+    def _expect_answer(self) -> tuple[int, asyncio.Future]:
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            token = next(self._tokens)
+            self._pending[token] = future
+        return token, future
 
-    def _warm_up_engine(self) -> None:
-        from .params import SamplingParams
+    def _forget(self, request_id: str) -> bool:
+        with self._lock:
+            return self._streams.pop(request_id, None) is not None
 
-        ids = self.tokenizer.encode("Warm-up") or [0]
-        self.engine.add_request(Request("warm-up", ids, SamplingParams(max_tokens=2, temperature=0.0,
-                                                                        ignore_eos=True)))
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-
-    def _handle_commands(self, block: bool) -> bool:
-        """Apply queued commands; False once asked to stop."""
+    # -- the reader thread -------------------------------------------------------------------
+    def _read(self) -> None:
         while True:
             try:
-                kind, payload, future = self._commands.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
-            if kind == _STOP:
-                return False
-            if kind == _ADD:
-                self._add(payload, future)
-            elif kind == _ABORT:
-                self._abort_request(payload)
-            if self._commands.empty():
-                self._publish_load()
+                event = self._channel.recv(0.5)
+            except EOFError:
+                if not self._stopping:
+                    self._die(EngineDeadError(self._ended(wait_s=2.0) or "the engine closed its channel"))
+                return
+            if event is None:
+                ended = self._ended()
+                if ended is not None and not self._stopping:
+                    self._die(EngineDeadError(ended))
+                    return
+                continue
+            self._handle(event)
+            if isinstance(event, (Dead, StartupFailed)):
+                return
 
-    def _add(self, pairs: list[tuple[Request, RequestStream]], future: asyncio.Future) -> None:
-        added: list[str] = []
-        try:
-            for request, stream in pairs:
-                self.engine.add_request(request)
-                self._streams[request.request_id] = stream
-                added.append(request.request_id)
-                self._processor.add_request(request)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller; all or none
-            for request_id in added:
-                self._abort_request(request_id)
-            future.get_loop().call_soon_threadsafe(_settle, future, exc)
-            return
-        future.get_loop().call_soon_threadsafe(_settle, future, None)
+    def _handle(self, event) -> None:
+        if isinstance(event, StepDone):
+            self._deliver([(out.request_id, out if out.error is None else out.error) for out in event.outputs])
+            self._load = event.load
+            self._observe(event.stats)
+        elif isinstance(event, Settled):
+            with self._lock:
+                future = self._pending.pop(event.token, None)
+            if future is not None:
+                _settle_threadsafe(future, event.error)
+        elif isinstance(event, LoadChanged):
+            self._load = event.load
+        elif isinstance(event, StepFailed):
+            error = EngineDeadError(f"generation failed: {event.error}")
+            self._deliver([(request_id, error) for request_id in event.request_ids])
+            self._load = event.load
+        elif isinstance(event, ModelChecked):
+            self.model_description = event.description
+            self._model_checked.set()
+        elif isinstance(event, Ready):
+            self.info, self.tokenizer, self._load = event.info, event.tokenizer, event.load
+            self._ready.set()
+        elif isinstance(event, StartupFailed) and self._stopping:
+            logger.info("the engine, asked to stop while starting, did not start: %s", event.error)
+        elif isinstance(event, StartupFailed):
+            self.startup_error = event.error
+            self._failure = event.error
+            self._model_checked.set()
+        elif isinstance(event, Dead):
+            self._die(event.error)
 
-    def _abort_request(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is not None:
-            self.engine.finish_request(request_id, FinishReason.ABORT)
-            self._processor.remove_request(request_id)
-
-    def _step(self) -> None:
-        start = time.perf_counter()
-        try:
-            outputs = self._processor.process(self.engine.step())
-        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
-            logger.exception("engine step failed; failing the requests in flight")
-            error = EngineDeadError(f"generation failed: {exc}")
-            for request_id, stream in list(self._streams.items()):
-                self._abort_request(request_id)
-                stream.loop.call_soon_threadsafe(stream.put, error)
-            return
-        if outputs:
-            self._dispatch(outputs)
-        self._publish_load()
-        if self.on_step is not None:
-            try:
-                self.on_step(self._step_stats(time.perf_counter() - start))
-            except Exception:  # noqa: BLE001 - a metrics bug must not stop the engine
-                logger.exception("the step observer failed")
-
-    def _publish_load(self) -> None:
-        scheduler = self.engine.scheduler
-        pool = scheduler.kv_cache_manager.block_pool
-        self._load = EngineLoad(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
-                                num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
-                                num_kv_blocks_total=pool.num_usable_blocks)
-
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        """Hand outputs to their streams: one wake-up per event loop per step."""
+    def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Hand items to their streams: one wake-up per event loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None:
-                continue  # aborted meanwhile
-            by_loop.setdefault(stream.loop, []).append((stream, out if out.error is None else out.error))
-            if out.finished:
-                del self._streams[out.request_id]
-        for loop, items in by_loop.items():
+        with self._lock:
+            for request_id, item in items:
+                stream = self._streams.get(request_id)
+                if stream is None:
+                    continue  # aborted meanwhile
+                by_loop.setdefault(stream.loop, []).append((stream, item))
+                if isinstance(item, BaseException) or item.finished:
+                    del self._streams[request_id]
+        for loop, batch in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # that event loop is closed (its server stopped): nobody reads these
-                for stream, _ in items:
-                    self._abort_request(stream.request_id)
+                for stream, _ in batch:
+                    self.abort(stream.request_id)
 
-    def _step_stats(self, duration_s: float) -> StepStats:
-        scheduler = self.engine.scheduler
-        last = self.engine.last_scheduler_output
-        scheduled = last.scheduled if last is not None else ()
-        num_tokens = sum(s.num_new_tokens for s in scheduled)
-        num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
-        pool = scheduler.kv_cache_manager.block_pool
-        return StepStats(
-            num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
-            num_scheduled_tokens=num_tokens, num_prefill_tokens=num_tokens - num_decodes, num_decodes=num_decodes,
-            num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
-            num_kv_blocks_total=pool.num_usable_blocks, duration_s=duration_s,
-            num_prefix_queried_tokens=last.num_prefix_queried_tokens if last is not None else 0,
-            num_prefix_hit_tokens=last.num_prefix_hit_tokens if last is not None else 0)
+    def _observe(self, stats: StepStats) -> None:
+        if self.on_step is None:
+            return
+        try:
+            self.on_step(stats)
+        except Exception:  # noqa: BLE001 - a metrics bug must not stop the engine
+            logger.exception("the step observer failed")
+
+    def _die(self, error: BaseException) -> None:
+        """The engine is gone: every stream and waiting caller gets the error; not ready."""
+        if not isinstance(error, EngineDeadError):
+            error = EngineDeadError(f"the engine failed: {type(error).__name__}: {error}")
+        self._ready.clear()  # /health: 503 from now on
+        logger.error("the engine stopped serving: %s", error)
+        with self._lock:
+            request_ids = list(self._streams)
+            pending, self._pending = list(self._pending.values()), {}
+        self._deliver([(request_id, error) for request_id in request_ids])
+        for future in pending:
+            _settle_threadsafe(future, error)
+        self._failure = error  # last: the gateway exits on it, after the streams got their error
+        self._model_checked.set()  # a start-up that waits for the check gets the failure
 
 
-def _deliver(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
-    for stream, out in items:
-        stream.put(out)
+class InProcessEngineClient(ChannelEngineClient):
+    """Runs the engine loop in a background thread; `engine_factory()` returns
+    (engine_core, tokenizer) and runs in that thread, so loading the model does not hold
+    up the HTTP server (which answers /health with 503 meanwhile). `engine` is the
+    EngineCore once built (tests inspect it)."""
+
+    def __init__(self, engine_factory: Callable[[], tuple[object, object]],
+                 on_step: Callable[[StepStats], None] | None = None, warm_up: bool = True):
+        super().__init__(on_step)
+        self._engine_factory = engine_factory
+        self._warm_up = warm_up
+        self._thread: threading.Thread | None = None
+        self.engine = None
+
+    def _open(self) -> Channel:
+        mine, theirs = queue_pair()
+
+        def run() -> None:
+            try:
+                serve_engine(theirs, self._build, self._warm_up)
+            finally:
+                theirs.close()
+
+        self._thread = threading.Thread(target=run, name="switchyard-engine", daemon=True)
+        self._thread.start()
+        return mine
+
+    def _build(self) -> tuple[object, object]:
+        self.engine, tokenizer = self._engine_factory()
+        return self.engine, tokenizer
+
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        self._thread.join(wait_s)
+        return None if self._thread.is_alive() else "the engine thread ended"
+
+    def _close(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def _put_all(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
+    for stream, item in items:
+        stream.put(item)
+
+
+def _settle_threadsafe(future: asyncio.Future, error: BaseException | None) -> None:
+    try:
+        future.get_loop().call_soon_threadsafe(_settle, future, error)
+    except RuntimeError:  # its event loop is closed: nobody waits
+        pass
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
 
 import torch
 
 from .backend import Backend
 from .capabilities import check_capabilities
 from .config import EngineConfig
+from .engine_messages import EngineInfo  # torch-free: it crosses to the gateway
 from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
 from .loader import load_tokenizer
@@ -24,17 +24,6 @@ from .shard_worker import ShardSet, build_shard_model, num_kv_blocks_for  # noqa
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    backend: str
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    eos_token_ids: tuple[int, ...]
-
-    @property
-    def max_batch_total_tokens(self) -> int:
-        return (self.num_kv_blocks - 1) * self.block_size
 
 
 class EngineCore:

@@ -33,13 +33,12 @@ logger = logging.getLogger("switchyard.gateway")
 def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     metrics = Metrics()
     service = GenerationService(client, settings, metrics)
-    if hasattr(client, "on_step"):
-        client.on_step = lambda stats: metrics.observe_step(stats, client.info.block_size)
+    client.on_step = lambda stats: metrics.observe_step(stats, client.info.block_size)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         client.start()
-        watcher = asyncio.create_task(_exit_if_start_fails(client))
+        watcher = asyncio.create_task(_exit_on_engine_failure(client))
         try:
             yield
         finally:
@@ -64,9 +63,10 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     return app
 
 
-async def _exit_if_start_fails(client: EngineClient) -> None:
-    """The server answers /health with 503 while the model loads; if loading fails,
-    it stops (as on SIGTERM) and `switchyard serve` exits non-zero."""
+async def _exit_on_engine_failure(client: EngineClient) -> None:
+    """The server answers /health with 503 while the model loads; if loading fails, or the
+    engine later dies (its process ended, a shard terminated), it stops (as on SIGTERM:
+    streams in flight have had their error event) and `switchyard serve` exits non-zero."""
     try:
         await client.wait_ready()
     except asyncio.CancelledError:
@@ -74,8 +74,11 @@ async def _exit_if_start_fails(client: EngineClient) -> None:
     except BaseException as exc:  # noqa: BLE001 - logged, then the process stops
         logger.error("the engine failed to start: %s", exc)
         os.kill(os.getpid(), signal.SIGTERM)
-    else:
-        logger.info("ready: serving %s", client.info.backend if client.info else "")
+        return
+    logger.info("ready: serving %s", client.info.backend if client.info else "")
+    error = await client.wait_failure()
+    logger.error("the engine stopped serving, exiting: %s", error)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def require_api_key(request: Request) -> None:

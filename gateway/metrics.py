@@ -158,15 +158,14 @@ class Metrics:
         return metric
 
     def observe_step(self, stats: StepStats, block_size: int) -> None:
-        """Called from the engine thread after every step."""
+        """Called from the engine client's reader thread after every step."""
         method = "decode" if stats.num_prefill_tokens == 0 else "prefill"
         self.batch_inference_count.inc(method=method)
         self.batch_inference_success.inc(method=method)
         self.batch_forward_duration.observe(stats.duration_s, method=method)
-        self.batch_next_size.observe(stats.num_running)
+        self.batch_next_size.observe(stats.load.num_running)
         self._block_size = block_size
-        self.observe_load(EngineLoad(stats.num_running, stats.num_waiting, stats.num_kv_blocks_used,
-                                     stats.num_kv_blocks_total))
+        self.observe_load(stats.load)
         if stats.num_prefix_queried_tokens:
             self.prefix_cache_queried_tokens.inc(stats.num_prefix_queried_tokens)
             self.prefix_cache_hit_tokens.inc(stats.num_prefix_hit_tokens)

@@ -3,6 +3,7 @@ when the command line is parsed, never at import) -> EngineConfig + ServerSettin
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 from collections.abc import Mapping
@@ -216,21 +217,23 @@ def run_server(args: argparse.Namespace) -> int:
     config = engine_config(args)
     if config.parallel.node_rank > 0:
         return _run_shard_node(config)
-    from switchyard.core.loader import choose_model
-    from switchyard.core.plugins import check_backend
-
-    check_backend(config)  # a backend that cannot serve the dtype or block size: a user error too
-
-    # an unknown or unsupported model is a user error before the server starts
-    logger.info("model %s", choose_model(config.model)[2].describe())
     settings = server_settings(args)
-    client = make_engine_client(config)
-    app = create_app(settings, client)
-    config = uvicorn.Config(app, host=settings.hostname, port=settings.port,
-                            log_config=uvicorn_log_config(args.json_output),
-                            timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
-    DrainingServer(config, app.state.drain).run()
-    return 1 if client.startup_error is not None else 0
+    client = make_engine_client(config, args.json_output)
+    client.start()
+    try:
+        # an unknown or unsupported model is a user error before the server starts
+        logger.info("model %s", client.wait_model_checked())
+        app = create_app(settings, client)
+        server_config = uvicorn.Config(app, host=settings.hostname, port=settings.port,
+                                       log_config=uvicorn_log_config(args.json_output),
+                                       timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
+        DrainingServer(server_config, app.state.drain).run()
+    finally:
+        asyncio.run(client.shutdown())  # the engine process and its workers end with us
+    if client.failure is not None:
+        logger.error("exiting: %s", client.failure)
+        return 1
+    return 0
 
 
 def _run_shard_node(config) -> int:
@@ -254,17 +257,16 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def make_engine_client(config):
-    from switchyard.core.client import InProcessEngineClient
+def make_engine_client(config, json_output: bool = False):
+    """The engine in its own process (core/engine_process.py): this process never imports
+    torch, and a crash there is reported here instead of taking the server down silently."""
+    from functools import partial
 
-    def build():
-        from switchyard.core.engine import EngineCore
-        from switchyard.core.loader import load_tokenizer
+    from switchyard.core.engine_process import ProcessEngineClient
 
-        tokenizer = load_tokenizer(config.model)  # one copy: the engine's grammar compiler uses it too
-        return EngineCore(config, tokenizer=tokenizer), tokenizer
+    from .logs import configure_logging
 
-    return InProcessEngineClient(build)
+    return ProcessEngineClient(config, log_setup=partial(configure_logging, json_output))
 
 
 def environ() -> Mapping[str, str]:

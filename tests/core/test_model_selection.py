@@ -164,14 +164,14 @@ def test_a_gguf_architecture_transformers_cannot_read_is_refused(tmp_path, cache
 
 
 def test_serve_logs_the_path_at_start(model_dirs, capsys, monkeypatch):
-    """The start log names the path before the engine is built (server and engine stubbed)."""
+    """The start log names the path before the engine is built (the engine process checks it; the server
+    is stubbed)."""
     import logging
     from types import SimpleNamespace
 
     import switchyard.gateway.app as app
     import switchyard.gateway.serve as serve
 
-    monkeypatch.setattr(serve, "make_engine_client", lambda config: type("Client", (), {"startup_error": None})())
     monkeypatch.setattr(app, "create_app", lambda settings, client: SimpleNamespace(state=SimpleNamespace(drain=None)))
     monkeypatch.setattr(serve, "DrainingServer", lambda config, drain: SimpleNamespace(run=lambda: None))
     root = logging.getLogger()

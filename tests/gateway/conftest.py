@@ -86,7 +86,7 @@ def engine_client():
         assert time.monotonic() < deadline, "engine did not start"
         time.sleep(0.05)
     yield client
-    client._commands.put(("stop", None, None))
+    asyncio.run(client.shutdown())
 
 
 @pytest.fixture(scope="session")

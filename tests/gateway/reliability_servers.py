@@ -80,4 +80,4 @@ def start_tiny(**settings):
     finally:
         server.should_exit = True
         thread.join(10)
-        client._commands.put(("stop", None, None))
+        asyncio.run(client.shutdown())

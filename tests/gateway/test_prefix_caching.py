@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from switchyard.core.client import StepStats
+from switchyard.core.client import EngineLoad, StepStats
 from switchyard.gateway.metrics import Metrics
 
 SYSTEM = ("You answer questions about a small library. Opening hours are nine to five on weekdays and ten to "
@@ -16,8 +16,8 @@ SYSTEM = ("You answer questions about a small library. Opening hours are nine to
 
 
 def _stats(queried: int, hit: int) -> StepStats:
-    return StepStats(num_running=1, num_waiting=0, num_scheduled_tokens=queried - hit, num_prefill_tokens=0,
-                     num_decodes=0, num_kv_blocks_used=1, num_kv_blocks_total=10, duration_s=0.01,
+    return StepStats(load=EngineLoad(num_running=1, num_waiting=0, num_kv_blocks_used=1, num_kv_blocks_total=10),
+                     num_scheduled_tokens=queried - hit, num_prefill_tokens=0, num_decodes=0, duration_s=0.01,
                      num_prefix_queried_tokens=queried, num_prefix_hit_tokens=hit)
 
 

@@ -25,7 +25,10 @@ class _LoadingClient(EngineClient):
     tokenizer = None
     info = None
 
-    async def add_request(self, request):
+    async def add_requests(self, requests):
+        raise AssertionError("not ready")
+
+    async def compile_grammar(self, spec):
         raise AssertionError("not ready")
 
     def abort(self, request_id):

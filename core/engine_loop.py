@@ -1,0 +1,187 @@
+"""The engine's step loop, written once: the same code runs in a thread of the caller's
+process (InProcessEngineClient) and in the engine process (ProcessEngineClient).
+
+It applies the owner's commands (engine_messages), steps while there is work, and sends
+back one `StepDone` per step (every request's output, the load, the step's stats), a
+`LoadChanged` after commands, and `Settled` answers. Between steps, and at least every
+`health_interval_s` while idle, it calls `engine.check_health()`; a `ShardTerminated`
+from there or from a step is fatal (`Dead`, then the loop ends), any other step error
+fails the requests in flight (`StepFailed`) and the loop goes on."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from collections.abc import Callable
+
+from .engine_channel import Channel
+from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
+                              StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
+from .errors import EngineDeadError, ShardTerminated
+from .output_processor import OutputProcessor
+from .request import FinishReason, Request
+
+logger = logging.getLogger(__name__)
+
+HEALTH_INTERVAL_S = 0.5
+
+
+def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, object]],
+                 warm_up: bool = True) -> None:
+    """Build the engine (`engine_factory() -> (EngineCore, tokenizer)`), warm it up, say
+    `Ready` (or `StartupFailed`), then run the loop until `Stop` or the owner goes away."""
+    try:
+        engine, tokenizer = engine_factory()
+    except BaseException as exc:  # noqa: BLE001 - reported to the owner, which exits
+        logger.exception("engine start-up failed")
+        channel.send(StartupFailed(portable(exc)))
+        return
+    loop = EngineLoop(channel, engine, tokenizer)
+    try:
+        if warm_up:
+            loop.warm_up()
+        channel.send(Ready(engine.info, tokenizer, loop.load()))
+    except BaseException as exc:  # noqa: BLE001
+        logger.exception("engine warm-up failed")
+        channel.send(StartupFailed(portable(exc)))
+        engine.shutdown()
+        return
+    logger.info("engine warmed up and ready")
+    loop.run()
+
+
+class EngineLoop:
+    def __init__(self, channel: Channel, engine, tokenizer, health_interval_s: float = HEALTH_INTERVAL_S):
+        self.channel = channel
+        self.engine = engine
+        self.health_interval_s = health_interval_s
+        self.tokenizer = tokenizer
+        self.processor = OutputProcessor(tokenizer, engine.finish_request)
+        self._request_ids: set[str] = set()  # added and not yet finished or aborted
+
+    def warm_up(self) -> None:
+        from .params import SamplingParams
+
+        ids = self.tokenizer.encode("Warm-up") or [0]
+        self.engine.add_request(Request("warm-up", ids, SamplingParams(max_tokens=2, temperature=0.0,
+                                                                        ignore_eos=True)))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def run(self) -> None:
+        """Until Stop or the owner's end closes; always stops the engine's workers and shards."""
+        try:
+            while self._apply_commands(wait=not self.engine.has_unfinished_requests()):
+                self.engine.check_health()
+                if self.engine.has_unfinished_requests():
+                    self._step()
+        except ShardTerminated as exc:
+            logger.error("%s", exc)
+            self.channel.send(Dead(portable(exc)))
+        except BaseException as exc:  # noqa: BLE001 - the loop itself failed: fatal, said loudly
+            logger.exception("the engine loop failed")
+            self.channel.send(Dead(portable(exc)))
+        finally:
+            self.engine.shutdown()
+
+    def load(self) -> EngineLoad:
+        scheduler = self.engine.scheduler
+        pool = scheduler.kv_cache_manager.block_pool
+        return EngineLoad(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+                          num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
+                          num_kv_blocks_total=pool.num_usable_blocks)
+
+    # -- commands -----------------------------------------------------------------------
+    def _apply_commands(self, wait: bool) -> bool:
+        """Apply every queued command (waiting up to the health interval for the first if
+        `wait`); False once asked to stop or the owner is gone."""
+        applied = False
+        timeout = self.health_interval_s if wait else 0
+        while True:
+            try:
+                command = self.channel.recv(timeout)
+            except EOFError:
+                logger.info("the engine's owner went away; stopping")
+                return False
+            if command is None:
+                break
+            if isinstance(command, Stop):
+                return False
+            self._apply(command)
+            applied = True
+            timeout = 0
+        if applied:
+            self.channel.send(LoadChanged(self.load()))
+        return True
+
+    def _apply(self, command) -> None:
+        if isinstance(command, AddRequests):
+            self._add(command)
+        elif isinstance(command, Abort):
+            self._abort(command.request_id)
+        elif isinstance(command, CompileGrammar):
+            self._compile(command)
+        else:
+            raise TypeError(f"unknown engine command {command!r}")
+
+    def _add(self, command: AddRequests) -> None:
+        added: list[str] = []
+        try:
+            for request in command.requests:
+                self.engine.add_request(request)
+                added.append(request.request_id)
+                self._request_ids.add(request.request_id)
+                self.processor.add_request(request)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller; all or none
+            for request_id in added:
+                self._abort(request_id)
+            self.channel.send(Settled(command.token, portable(exc)))
+            return
+        self.channel.send(Settled(command.token, None))
+
+    def _abort(self, request_id: str) -> None:
+        if request_id in self._request_ids:
+            self._request_ids.discard(request_id)
+            self.engine.finish_request(request_id, FinishReason.ABORT)
+            self.processor.remove_request(request_id)
+
+    def _compile(self, command: CompileGrammar) -> None:
+        """On the engine's grammar workers; answered from their thread when done."""
+        def settle(future) -> None:
+            error = EngineDeadError("the grammar compile was cancelled") if future.cancelled() else future.exception()
+            self.channel.send(Settled(command.token, None if error is None else portable(error)))
+
+        self.engine.grammar_service.compile(command.spec).add_done_callback(settle)
+
+    # -- steps ----------------------------------------------------------------------------
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            outputs = self.processor.process(self.engine.step())
+        except ShardTerminated:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
+            logger.exception("engine step failed; failing the requests in flight")
+            failed = tuple(self._request_ids)
+            for request_id in failed:
+                self._abort(request_id)
+            self.channel.send(StepFailed(failed, portable(exc), self.load()))
+            return
+        for i, out in enumerate(outputs):
+            if out.finished:
+                self._request_ids.discard(out.request_id)
+            if out.error is not None:
+                outputs[i] = replace(out, error=portable(out.error))
+        load = self.load()
+        self.channel.send(StepDone(tuple(outputs), load, self._step_stats(load, time.perf_counter() - start)))
+
+    def _step_stats(self, load: EngineLoad, duration_s: float) -> StepStats:
+        last = self.engine.last_scheduler_output
+        scheduled = last.scheduled if last is not None else ()
+        num_tokens = sum(s.num_new_tokens for s in scheduled)
+        num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
+        return StepStats(
+            load=load, num_scheduled_tokens=num_tokens, num_prefill_tokens=num_tokens - num_decodes,
+            num_decodes=num_decodes, duration_s=duration_s,
+            num_prefix_queried_tokens=last.num_prefix_queried_tokens if last is not None else 0,
+            num_prefix_hit_tokens=last.num_prefix_hit_tokens if last is not None else 0)

@@ -1,0 +1,139 @@
+"""The engine in its own process: `switchyard serve`'s default.
+
+`ProcessEngineClient` spawns one process (a fresh interpreter: the gateway process never
+imports torch, and nothing of its threads is forked) that builds EngineCore from the
+EngineConfig, warms it up and runs core/engine_loop.py's step loop; the two talk over a
+multiprocessing pipe (core/engine_channel.py says why not ZeroMQ). The engine process
+starts the backend's shard processes itself (ranks 1..N-1; rank 0 is its own model).
+
+If the engine process ends for any reason (a crash, SIGKILL, a shard's ShardTerminated),
+the client fails every stream in flight with EngineDeadError, stops being ready (/health:
+503) and reports `failure`; the gateway then exits non-zero. The engine process ends when
+told to stop, or by itself when the gateway's end of the pipe closes (the gateway died);
+either way it calls engine.shutdown(), stopping its grammar workers and shards."""
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
+from collections.abc import Callable
+
+from .client import ChannelEngineClient
+from .config import EngineConfig
+from .engine_channel import Channel, PipeChannel
+from .engine_messages import ModelChecked, StartupFailed, StepStats, portable
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessEngineClient(ChannelEngineClient):
+    """`log_setup`, if given, is a picklable callable the engine process runs first (the
+    gateway's log format, so both processes log alike)."""
+
+    def __init__(self, config: EngineConfig, on_step: Callable[[StepStats], None] | None = None,
+                 warm_up: bool = True, log_setup: Callable[[], None] | None = None):
+        super().__init__(on_step)
+        self.config = config
+        self._warm_up = warm_up
+        self._log_setup = log_setup
+        self.process: subprocess.Popen | None = None
+
+    def _open(self) -> Channel:
+        """`python -m switchyard.core.engine_process FD`: a fresh interpreter that imports
+        only what the engine needs (not the caller's __main__, as multiprocessing's spawn
+        would); its start-up arguments are the first message on the pipe."""
+        mine, theirs = Pipe(duplex=True)
+        self.process = subprocess.Popen([sys.executable, "-m", "switchyard.core.engine_process", str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()  # the child's copy is its own: our recv sees EOF when it ends
+        logger.info("engine process started (pid %d)", self.process.pid)
+        channel = PipeChannel(mine)
+        channel.send(_StartArgs(self.config, self._warm_up, self._log_setup))
+        return channel
+
+    def wait_model_checked(self, timeout: float | None = None) -> str:
+        """Blocks until the engine process has found the model (before loading it): its
+        description; raises the error (unknown model, unsupported architecture) instead."""
+        if not self._model_checked.wait(timeout):
+            raise TimeoutError("the engine process did not check the model in time")
+        if self.model_description is None:
+            raise self._failure
+        return self.model_description
+
+    def _ended(self, wait_s: float = 0.0) -> str | None:
+        try:
+            code = self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return f"the engine process ended (exit code {code})"
+
+    def _close(self, timeout: float) -> None:
+        for stop in (None, self.process.terminate, self.process.kill):
+            if stop is not None:
+                logger.warning("the engine process did not stop in time; %s", stop.__name__)
+                stop()
+            try:
+                self.process.wait(timeout if stop is None else 5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self._channel.close(timeout=1)
+
+
+@dataclass(frozen=True)
+class _StartArgs:
+    config: EngineConfig
+    warm_up: bool
+    log_setup: Callable[[], None] | None
+
+
+def main(argv: list[str]) -> None:
+    """The engine process: build, warm up, serve until told to stop or the gateway is gone."""
+    # Ctrl-C reaches the whole process group: the gateway drains, then stops us itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel = PipeChannel(Connection(int(argv[1])))
+    try:
+        args = channel.recv(None)
+        if args.log_setup is not None:
+            args.log_setup()
+        from .engine_loop import serve_engine
+
+        if _check_model(channel, args.config):
+            serve_engine(channel, lambda: build_engine(args.config), args.warm_up)
+    except EOFError:
+        pass  # the gateway went away before we started
+    finally:
+        channel.close()
+
+
+def _check_model(channel: PipeChannel, config: EngineConfig) -> bool:
+    """An unknown or unsupported model, or a backend that cannot serve the configuration
+    (its declared dtypes and block sizes), is a user error before the server starts serving."""
+    from .loader import choose_model
+    from .plugins import check_backend
+
+    try:
+        check_backend(config)
+        description = choose_model(config.model)[2].describe()
+    except Exception as exc:  # noqa: BLE001 - the gateway raises it: a one-line error, exit 2
+        channel.send(StartupFailed(portable(exc)))
+        return False
+    channel.send(ModelChecked(description))
+    return True
+
+
+def build_engine(config: EngineConfig) -> tuple[object, object]:
+    """(EngineCore, tokenizer): one tokenizer, shared by detokenization and grammar compiles."""
+    from .engine import EngineCore
+    from .loader import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    return EngineCore(config, tokenizer=tokenizer), tokenizer
+
+
+if __name__ == "__main__":
+    main(sys.argv)
