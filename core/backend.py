@@ -77,8 +77,9 @@ class AttentionMetadata:
 
 
 class AttentionKernel(ABC):
-    """Paged attention for one layer shape. KV cache layout, per layer:
-    [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values)."""
+    """Paged attention for one layer shape. KV cache, per layer, indexed as
+    [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values); its memory
+    layout (strides) is the backend's, from Backend.allocate_kv_cache."""
 
     # True when forward() on a decode-only batch reads only the metadata's device tensors and
     # shapes (never its host tuples), so a graph-mode runner may capture and replay its launches.

@@ -85,8 +85,8 @@ class BackendContract:
                     case = f"dtype={dtype} block_size={block_size} group={group}"
                     seed = zlib.crc32(case.encode()) % 10_000
                     lens, num_decodes = ragged_lens(random.Random(seed), block_size)
-                    yield case, random_step(self.spec(dtype, block_size, group), lens, num_decodes, seed,
-                                            backend.device)
+                    yield case, _in_backend_cache(backend, random_step(self.spec(dtype, block_size, group), lens,
+                                                                       num_decodes, seed, backend.device))
 
     # -- probe, capabilities, device ------------------------------------------------------
     def test_probe_returns_a_probe_result_and_never_raises(self, backend):
@@ -145,7 +145,7 @@ class BackendContract:
         if not kernel.graph_safe:
             pytest.skip(f"{type(kernel).__name__} does not declare graph_safe")
         lens = [(1, 1), (1, block_size + 3), (1, 3 * block_size)]
-        step = random_step(kernel.spec, lens, len(lens), seed=5, device=backend.device)
+        step = _in_backend_cache(backend, random_step(kernel.spec, lens, len(lens), seed=5, device=backend.device))
         garbage = replace(step.meta, query_start_loc_cpu=(7, 3), seq_lens_cpu=(1,) * 9,
                           max_seq_len=4 * block_size)  # a graph captures worst-case host values
         assert torch.equal(self._run(kernel, step, garbage), self._run(kernel, step, step.meta))
@@ -179,6 +179,14 @@ class BackendContract:
         dist_backend = type(backend).dist_backend
         assert dist_backend is None or (isinstance(dist_backend, str) and dist_backend)
         assert (backend.shard_launcher() is None) == (dist_backend is None)
+
+
+def _in_backend_cache(backend: Backend, step: AttentionStep) -> AttentionStep:
+    """The step with its cache copied into one the backend allocated: a backend's cache has
+    core's index order but may lay it out in memory as its kernels want (strides)."""
+    cache = backend.allocate_kv_cache(1, step.cache.shape[1], step.spec)[0]
+    cache.copy_(step.cache)
+    return replace(step, cache=cache)
 
 
 def _engine_config(block_size: int) -> EngineConfig:

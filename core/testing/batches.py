@@ -58,7 +58,7 @@ class AttentionStep:
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(the cache after the reference write, the reference attention output), on the CPU."""
-        cache = self.cache.cpu().clone()
+        cache = self.cache.cpu().contiguous().clone()  # a backend's cache may have its own strides
         write_kv_reference(self.key.cpu(), self.value.cpu(), cache, self.meta.slot_mapping.cpu())
         out = paged_attention_reference(self.query.cpu(), cache, list(self.meta.query_start_loc_cpu),
                                         list(self.meta.seq_lens_cpu), self.meta.block_table.cpu(),
