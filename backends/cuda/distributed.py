@@ -32,6 +32,7 @@ class GpuShardLauncher(ProcessShardLauncher):
     GPU (this node's shards count the engine's rank 0, which the engine runs itself)."""
 
     def __init__(self, device_ids: Callable[[], list[str]] | None = None):
+        super().__init__()
         self._device_ids = device_ids or visible_device_ids
 
     def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ProcessShardGroup:

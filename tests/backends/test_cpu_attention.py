@@ -262,8 +262,7 @@ def test_second_start_reuses_the_build(in_place):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     available, cache_hit, seconds, directory = result.stdout.split()
     assert (available, cache_hit, directory) == ("True", "True", build.directory), result.stderr
-    assert float(seconds) < 5.0
-    assert __import__("os").stat(binary).st_mtime_ns == built_at
+    assert __import__("os").stat(binary).st_mtime_ns == built_at  # a cache hit, not rebuilt (seconds vary with load)
 
 
 def test_failed_build_falls_back_to_the_gather_path(tmp_path, caplog):

@@ -234,6 +234,12 @@ def test_the_guard_s_errors_carry_cors_headers():
         async def add_request(self, request):
             raise AssertionError("not ready")
 
+        async def add_requests(self, requests):
+            raise AssertionError("not ready")
+
+        async def compile_grammar(self, spec):
+            raise AssertionError("not ready")
+
         def abort(self, request_id):
             pass
 
