@@ -219,10 +219,9 @@ class CpuAttentionKernel(AttentionKernel):
         if meta.num_requests == 0:
             return out
         _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-        op = self._decode.op
-        in_place = op is not None and meta.num_decodes > 0
+        in_place = self._decode.serves(meta.num_decodes)
         if in_place:
-            self._decodes_in_place(op, query, kv_cache, meta, out)
+            self._decodes_in_place(self._decode.op, query, kv_cache, meta, out)
         plan = self._plans.get(meta, block_size, self.spec.sliding_window, query.dtype, num_kv_heads,
                                decodes=not in_place)
         for part in plan.parts:  # gather each part's blocks right before attending over them

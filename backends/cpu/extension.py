@@ -128,9 +128,15 @@ class PagedDecode:
     when disabled (the switch that forces the gather path) or when the build failed,
     `op` is None and the kernels gather."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, max_decodes: int | None = None) -> None:
         self.enabled = enabled
+        self.max_decodes = max_decodes  # larger decode batches gather (None: no limit)
         self.build: PagedDecodeBuild | None = None
+
+    def serves(self, num_decodes: int) -> bool:
+        """Whether a step with this many decodes attends them in place."""
+        return (self.op is not None and num_decodes > 0
+                and (self.max_decodes is None or num_decodes <= self.max_decodes))
 
     def load(self, cache_root: str, source: str = SOURCE) -> PagedDecodeBuild | None:
         if self.enabled and self.build is None:
@@ -143,6 +149,10 @@ class PagedDecode:
 
     def describe(self, cache_root: str) -> str:
         """For `switchyard backends`: the path in use, or the one a start would take."""
+        limit = "" if self.max_decodes is None else f" for steps of up to {self.max_decodes} decodes"
+        return self._path(cache_root).replace("in-place paged kernel", "in-place paged kernel" + limit, 1)
+
+    def _path(self, cache_root: str) -> str:
         if not self.enabled:
             return "gather path (forced)"
         if self.build is not None:

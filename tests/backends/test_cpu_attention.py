@@ -14,6 +14,7 @@ from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend, StepPlanCach
 from switchyard.backends.cpu import attention as cpu_attention
 from switchyard.backends.cpu import extension
 from switchyard.backends.cpu.extension import PagedDecode
+from switchyard.backends.cpu.backend import IN_PLACE_MAX_DECODES
 from switchyard.core.backend import AttentionMetadata, AttentionSpec
 from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
 
@@ -295,10 +296,23 @@ def test_backend_reports_the_decode_path(in_place):
     assert "decodes: in-place paged kernel" in CpuBackend().capabilities().attention_impl  # what a start would do
     backend = CpuBackend()
     backend._decode.load(default_cache_root())
-    assert f"in-place paged kernel (C++ extension, {in_place.build.directory})" in backend.attention_impl()
+    assert (f"in-place paged kernel for steps of up to {IN_PLACE_MAX_DECODES} decodes "
+            f"(C++ extension, {in_place.build.directory})") in backend.attention_impl()
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
     assert backend.attention(spec)._decode is backend._decode
     assert CpuBackend(in_place_decode=False).attention(spec)._decode.op is None
+
+
+def test_larger_decode_steps_gather(in_place):
+    """The backend sends steps of more than IN_PLACE_MAX_DECODES decodes to the gather path
+    (measured faster there), smaller ones in place; no limit when none is set."""
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    backend = CpuBackend()
+    backend._decode.load(default_cache_root())
+    assert backend._decode.serves(1) and backend._decode.serves(IN_PLACE_MAX_DECODES)
+    assert not backend._decode.serves(IN_PLACE_MAX_DECODES + 1) and not backend._decode.serves(0)
+    assert in_place.serves(IN_PLACE_MAX_DECODES + 100)
 
 
 @pytest.mark.slow
