@@ -224,29 +224,10 @@ def test_an_echoed_lone_surrogate_is_escaped_not_a_crash():
 def test_the_guard_s_errors_carry_cors_headers():
     from fastapi.testclient import TestClient
 
-    from switchyard.core.client import EngineClient
     from switchyard.gateway.app import create_app
     from switchyard.gateway.settings import ServerSettings
+    from test_serve import _LoadingClient
 
-    class Loading(EngineClient):
-        tokenizer = info = None
-
-        async def add_request(self, request):
-            raise AssertionError("not ready")
-
-        async def add_requests(self, requests):
-            raise AssertionError("not ready")
-
-        async def compile_grammar(self, spec):
-            raise AssertionError("not ready")
-
-        def abort(self, request_id):
-            pass
-
-        @property
-        def ready(self):
-            return False
-
-    app = create_app(ServerSettings(model_id="m", payload_limit=100, cors_allow_origin=("http://a",)), Loading())
+    app = create_app(ServerSettings(model_id="m", payload_limit=100, cors_allow_origin=("http://a",)), _LoadingClient())
     response = TestClient(app).post("/generate", content=b"x" * 200, headers={"origin": "http://a"})
     assert response.status_code == 413 and response.headers["access-control-allow-origin"] == "http://a"
