@@ -40,6 +40,10 @@ class Capabilities:
     graph_mode: bool = False
     static_shapes: bool = False
     attention_impl: str = ""  # which kernel and why, printed by `switchyard backends`
+    # What `--dtype auto` (the CLI's default) becomes on this backend; must be one of dtypes.
+    preferred_dtype: str = "float32"
+    # `--quantize` values this backend runs (e.g. "int8", "int4", "gguf"); others are refused.
+    quantizations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """What the engine does with a backend's declared Capabilities: the one place they are enforced.
 
 Called once when an engine starts, before anything is loaded:
+- `dtype="auto"` becomes the backend's preferred dtype (the copy returned says which);
+- a `quantize` the backend does not declare is refused (one line);
 - a dtype or KV block size outside the declared lists is refused (BackendCapabilityError, one
   line naming the backend, the value asked and the values it supports): running it anyway
   would fail later inside a kernel, or silently compute something else;
@@ -31,9 +33,17 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     """The configuration this backend will run: `config` itself, or a copy with what the
     backend cannot do turned off. Raises BackendCapabilityError for what it cannot serve."""
     dtype = config.model.dtype
+    if dtype == "auto":
+        dtype = caps.preferred_dtype
+        logger.info("dtype %s: backend %r prefers it", dtype, backend)
+        config = replace(config, model=replace(config.model, dtype=dtype))
     if dtype not in caps.dtypes:
         raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
                                      f"it supports: {_listed(caps.dtypes)}")
+    quantize = config.model.quantize
+    if quantize is not None and quantize not in caps.quantizations:
+        raise BackendCapabilityError(f"backend {backend!r} does not support --quantize {quantize}; "
+                                     f"it supports: {_listed(caps.quantizations)}")
     block_size = config.cache.block_size
     if block_size not in caps.block_sizes:
         raise BackendCapabilityError(f"backend {backend!r} does not support KV block size {block_size}; "

@@ -10,7 +10,11 @@ class ModelConfig:
     a .gguf file, or a name in the local Hugging Face cache."""
 
     model: str | None = None
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
+    # "float32" | "bfloat16" | "float16" | "auto" (the backend's preferred dtype, capabilities.py)
+    dtype: str = "float32"
+    # Weight quantization (TGI's --quantize): None = the checkpoint's weights in `dtype`; else a
+    # name the backend declares in Capabilities.quantizations ("int8", "int4", "gguf", ...).
+    quantize: str | None = None
     load_format: str = "auto"  # "auto" | "safetensors" | "gguf" | "dummy"
     revision: str | None = None
     seed: int = 0  # seed of dummy weights

@@ -49,7 +49,8 @@ class LLM:
     `shutdown()` (or leaving a `with LLM(...)` block) stops them; they also end with this process."""
 
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
-                 load_format: str = "auto", max_model_len: int | None = None, block_size: int = 16,
+                 quantize: str | None = None, load_format: str = "auto", max_model_len: int | None = None,
+                 block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
@@ -57,7 +58,7 @@ class LLM:
                  parallel: ParallelConfig | None = None):
         """`chat_template`: a Jinja file's path or template text, for a model without one."""
         self.config = EngineConfig(
-            model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=seed,
+            model=ModelConfig(model=model, dtype=dtype, quantize=quantize, load_format=load_format, seed=seed,
                               max_model_len=max_model_len, chat_template=chat_template, model_impl=model_impl,
                               trust_remote_code=trust_remote_code),
             cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks,

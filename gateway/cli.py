@@ -13,8 +13,14 @@ def _add_engine_flags(parser: argparse.ArgumentParser, environ=None) -> None:
                         " [env: MODEL_ID]")
     parser.add_argument("--backend", default=environ.get("SWITCHYARD_BACKEND") or None,
                         help="backend plugin name (default: best usable)")
-    parser.add_argument("--dtype", default=environ.get("DTYPE") or "float32",
-                        choices=["float32", "bfloat16", "float16"], help="[env: DTYPE]")
+    parser.add_argument("--dtype", default=environ.get("DTYPE") or "auto",
+                        choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: the backend's choice (CPU: bfloat16 where the CPU has AVX512-BF16 or AMX, "
+                        "else float32) [env: DTYPE]")
+    parser.add_argument("--quantize", default=environ.get("QUANTIZE") or None,
+                        help="weight quantization, TGI's flag: int8, int4 (weight-only), or gguf (a GGUF "
+                        "file's own quantized blocks, multiplied without dequantizing); a value the "
+                        "backend does not support is refused [env: QUANTIZE]")
     parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV capacity in blocks (default: sized at warm-up)")
@@ -37,7 +43,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from switchyard.core import LLM, SamplingParams
 
-    llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, load_format=args.load_format,
+    llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, quantize=args.quantize,
+              load_format=args.load_format,
               max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks, model_impl=args.model_impl,
               trust_remote_code=args.trust_remote_code, tensor_parallel_size=args.num_shard)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

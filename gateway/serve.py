@@ -60,7 +60,6 @@ _SERVE_FLAGS = [
     ("--master-addr", ("MASTER_ADDR",), str, "127.0.0.1", "node 0's address (shard rendezvous)"),
     ("--master-port", ("MASTER_PORT",), int, None,
      "node 0's rendezvous port (default: a free port; required with --nnodes > 1)"),
-    ("--quantize", ("QUANTIZE",), str, None, "weight quantization (not supported yet)"),
     ("--waiting-served-ratio", ("WAITING_SERVED_RATIO",), float, 0.3,
      "for backends that cannot mix prefill and decode: prefill once waiting >= ratio x decoding"),
     ("--max-waiting-tokens", ("MAX_WAITING_TOKENS",), int, 20,
@@ -112,8 +111,6 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str])
 def _check_supported(args: argparse.Namespace) -> None:
     from switchyard.core.params import ValidationError
 
-    if args.quantize:
-        raise ValidationError(f"--quantize {args.quantize} is not supported yet; serve unquantized weights")
     if args.num_shard < 1:
         raise ValidationError(f"--num-shard must be at least 1, got {args.num_shard}")
     if args.sharded and args.num_shard == 1:
@@ -140,7 +137,8 @@ def engine_config(args: argparse.Namespace):
                         enable_prefix_caching=not args.disable_prefix_caching)
     return EngineConfig(
         graph_batch_sizes=_graph_sizes(args.cuda_graphs),
-        model=ModelConfig(model=args.model, dtype=args.dtype, load_format=args.load_format, revision=args.revision,
+        model=ModelConfig(model=args.model, dtype=args.dtype, quantize=args.quantize, load_format=args.load_format,
+                          revision=args.revision,
                           max_model_len=args.max_model_len or args.max_total_tokens,
                           chat_template=args.chat_template, model_impl=args.model_impl,
                           trust_remote_code=args.trust_remote_code),

@@ -41,6 +41,21 @@ def test_an_undeclared_block_size_is_refused():
         check_capabilities("b", CAPS, EngineConfig(cache=CacheConfig(block_size=8)))
 
 
+def test_auto_dtype_becomes_the_backends_preferred_one():
+    settled = check_capabilities("b", replace(CAPS, preferred_dtype="bfloat16"),
+                                 EngineConfig(model=ModelConfig(dtype="auto")))
+    assert settled.model.dtype == "bfloat16"
+
+
+def test_an_undeclared_quantization_is_refused_in_one_line():
+    with pytest.raises(BackendCapabilityError, match=r"^backend 'b' does not support --quantize awq; "
+                                                     r"it supports: int8, gguf$"):
+        check_capabilities("b", replace(CAPS, quantizations=("int8", "gguf")),
+                           EngineConfig(model=ModelConfig(quantize="awq")))
+    with pytest.raises(BackendCapabilityError, match=r"it supports: \(none\)$"):
+        check_capabilities("b", CAPS, EngineConfig(model=ModelConfig(quantize="int8")))
+
+
 def test_prefix_caching_and_mixed_steps_are_turned_off_with_a_logged_line(caplog):
     caps = replace(CAPS, prefix_caching=False, mixed_prefill_decode=False)
     with caplog.at_level(logging.INFO, logger="switchyard.core.capabilities"):

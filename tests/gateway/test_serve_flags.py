@@ -50,7 +50,12 @@ def test_batch_flags_map_onto_the_scheduler_and_the_kv_cache():
     assert config.cache.memory_fraction == 0.8 and config.graph_batch_sizes == (1, 2, 4, 8)
 
 
-@pytest.mark.parametrize("argv", [["--quantize", "awq"], ["--num-shard", "0"], ["--sharded"], ["--cuda-graphs", "one,two"]])
+def test_dtype_defaults_to_the_backends_choice_and_quantize_reaches_the_engine():
+    config = engine_config(_parse(["--quantize", "int8"]))
+    assert config.model.dtype == "auto" and config.model.quantize == "int8"  # checked by capabilities.py
+
+
+@pytest.mark.parametrize("argv", [["--num-shard", "0"], ["--sharded"], ["--cuda-graphs", "one,two"]])
 def test_what_cannot_be_honoured_is_refused(argv):
     with pytest.raises(ValidationError):
         engine_config(_parse(argv))
