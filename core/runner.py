@@ -29,9 +29,14 @@ def order_for_attention(scheduled: tuple[ScheduledRequest, ...]) -> list[Schedul
 
 
 def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device) -> StepInput:
+    """The host-side lists are built in plain Python and each becomes one tensor: a step
+    holds few tokens, and small torch ops cost more than the lists (repeat_interleave and
+    advanced indexing also start OpenMP regions, which stall for milliseconds on a busy
+    machine)."""
     ordered = order_for_attention(scheduler_output.scheduled)
     input_ids: list[int] = []
     positions: list[int] = []
+    slot_mapping: list[int] = []
     query_start_loc = [0]
     seq_lens: list[int] = []
     logits_indices: list[int] = []
@@ -39,12 +44,13 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     prompt_spans: list[tuple[str, int, int]] = []
     num_decodes = 0
     for s in ordered:
-        n = len(s.token_ids)
+        n, start = len(s.token_ids), s.num_computed_tokens
         num_decodes += n == 1
         input_ids.extend(s.token_ids)
-        positions.extend(range(s.num_computed_tokens, s.num_computed_tokens + n))
+        positions.extend(range(start, start + n))
+        slot_mapping.extend(_slots(s.block_ids, start, start + n, block_size))
         query_start_loc.append(query_start_loc[-1] + n)
-        seq_lens.append(s.num_computed_tokens + n)
+        seq_lens.append(start + n)
         if s.samples:
             logits_indices.append(query_start_loc[-1] - 1)
             sampling_ids.append(s.request_id)
@@ -56,31 +62,25 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     max_blocks = max(-(-length // block_size) for length in seq_lens)
     table = [list(s.block_ids[:max_blocks]) + [0] * (max_blocks - min(len(s.block_ids), max_blocks))
              for s in ordered]
-    block_table = torch.tensor(table, dtype=torch.int32)
-    positions_t = torch.tensor(positions, dtype=torch.int64)
-    request_of_token = torch.repeat_interleave(
-        torch.arange(len(ordered)), torch.tensor([len(s.token_ids) for s in ordered]))
-    slot_mapping = (block_table[request_of_token, positions_t // block_size].long() * block_size
-                    + positions_t % block_size)
     meta = AttentionMetadata(
         query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_table=block_table.to(device),
-        slot_mapping=slot_mapping.to(device),
-        num_decodes=num_decodes,
-        max_query_len=max(len(s.token_ids) for s in ordered),
-        max_seq_len=max(seq_lens),
-        query_start_loc_cpu=tuple(query_start_loc),
-        seq_lens_cpu=tuple(seq_lens),
-    )
+        block_table=torch.tensor(table, dtype=torch.int32, device=device),
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+        num_decodes=num_decodes, max_query_len=max(len(s.token_ids) for s in ordered), max_seq_len=max(seq_lens),
+        query_start_loc_cpu=tuple(query_start_loc), seq_lens_cpu=tuple(seq_lens))
     return StepInput(
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=positions_t.to(device),
-        meta=meta,
+        positions=torch.tensor(positions, dtype=torch.int64, device=device), meta=meta,
         logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
-        sampling_request_ids=tuple(sampling_ids),
-        prompt_logits_spans=tuple(prompt_spans),
-    )
+        sampling_request_ids=tuple(sampling_ids), prompt_logits_spans=tuple(prompt_spans))
+
+
+def _slots(block_ids: tuple[int, ...], start: int, stop: int, block_size: int) -> list[int]:
+    """The KV cache slot of each position in [start, stop)."""
+    if stop - start == 1:
+        return [block_ids[start // block_size] * block_size + start % block_size]
+    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, stop)]
 
 
 class ModelRunner:

@@ -102,6 +102,19 @@ def test_step_input_puts_decodes_first_and_maps_slots():
     assert step.meta.seq_lens_cpu == (6, 5)
 
 
+def test_step_input_tensors_have_the_kernels_dtypes_and_a_zero_padded_block_table():
+    out = SchedulerOutput((ScheduledRequest("short", (4,), 1, (3,), True),
+                           ScheduledRequest("long", (1, 2, 3, 4, 5, 6), 3, (7, 8, 9), False)))
+    step = build_step_input(out, 4, torch.device("cpu"))
+    assert step.meta.block_table.tolist() == [[3, 0, 0], [7, 8, 9]]
+    assert step.meta.slot_mapping.tolist() == [3 * 4 + 1] + [7 * 4 + 3] + [8 * 4 + i for i in range(4)] + [9 * 4]
+    assert step.sampling_request_ids == ("short",) and step.logits_indices.tolist() == [0]
+    assert [t.dtype for t in (step.input_ids, step.positions, step.logits_indices, step.meta.slot_mapping)] \
+        == [torch.int64] * 4
+    assert [t.dtype for t in (step.meta.block_table, step.meta.seq_lens, step.meta.query_start_loc)] \
+        == [torch.int32] * 3
+
+
 def test_offline_api_rejects_a_bad_batch_whole(tiny_model_dir):
     from switchyard.core.llm import LLM
 
