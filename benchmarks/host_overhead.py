@@ -2,6 +2,7 @@
 
     python benchmarks/host_overhead.py [--concurrency 1 32] [--steps 64]
         [--model llama-tiny --load-format dummy] [--dtype bfloat16] [--logprobs N] [--temperature T]
+        [--layers N] [--threads N]
 
 An EngineCore runs in this process (no HTTP) with `--concurrency` requests of random
 prompts, each generating until `--steps` decode-only steps were timed. Each phase of a
@@ -20,7 +21,8 @@ step is timed by wrapping the callable that does it:
 The table gives the median milliseconds per step of each phase, and `host` their sum
 without `forward`. The default model is the real one (its tokenizer and 49152-token
 vocabulary matter to sampling and detokenizing); `--model llama-tiny --load-format
-dummy` makes the forward negligible. On a shared 2-core machine run it alone, and
+dummy` makes the forward negligible, and `--layers 1` makes it cheap with the real
+vocabulary. On a shared 2-core machine run it alone, and
 compare two versions by running them alternately (see --help of the repo's other
 benchmarks); the figures of separate runs are not comparable.
 """
@@ -130,12 +132,17 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--logprobs", type=int, default=None)
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep only the first N decoder layers (a cheaper forward, same vocabulary)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
     from switchyard.core.loader import load_tokenizer
 
     model = ModelConfig(model=args.model, load_format=args.load_format, dtype=args.dtype)
     config = EngineConfig(model=model, cache=CacheConfig(num_blocks=1024),
                           scheduler=SchedulerConfig(max_num_seqs=max(args.concurrency), max_num_batched_tokens=8192))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(model)
     rng = random.Random(0)
     print(f"threads={torch.get_num_threads()} model={args.model or 'default'} dtype={args.dtype} "
@@ -143,11 +150,20 @@ def main() -> None:
     print(f"{'c':>4} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'host':>8}")
     for concurrency in args.concurrency:
         engine, timer = EngineCore(config, tokenizer=tokenizer), PhaseTimer()
+        if args.layers:
+            keep_layers(engine, args.layers)
         instrument(engine, timer)
         result = run(engine, timer, tokenizer, args, concurrency, rng)
         host = sum(v for p, v in result.items() if p != "forward")
         print(f"{concurrency:>4} " + " ".join(f"{result[p]:>11.3f}" for p in PHASES) + f" {host:>8.3f}")
         engine.shutdown()
+
+
+def keep_layers(engine: EngineCore, num_layers: int) -> None:
+    """Drops the decoder layers past the first `num_layers` (and their KV caches)."""
+    model = engine.runner.model.model
+    model.layers = model.layers[:num_layers]
+    engine.runner.kv_caches = engine.runner.kv_caches[:num_layers]
 
 
 _BUILD_STEP_INPUT = runner_module.build_step_input

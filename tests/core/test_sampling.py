@@ -17,6 +17,16 @@ def test_greedy_is_argmax():
     assert Sampler()(logits, rows).token_ids == logits.argmax(-1).tolist()
 
 
+def test_argmax_matches_torch_argmax_on_ties_infinities_and_nan():
+    from switchyard.core.sampling import argmax
+
+    inf, nan = float("inf"), float("nan")
+    rows = torch.tensor([[1.0, 3.0, 3.0, 0.0], [-inf] * 4, [0.0, inf, inf, 1.0], [nan, 1.0, nan, 2.0]])
+    assert argmax(rows).tolist() == rows.argmax(dim=-1).tolist() == [1, 0, 1, 0]
+    ties = torch.randint(0, 4, (64, 1000), generator=torch.Generator().manual_seed(0)).float()
+    assert torch.equal(argmax(ties), ties.argmax(dim=-1))
+
+
 def test_same_seed_same_tokens_whatever_the_batch():
     torch.manual_seed(0)
     target = torch.randn(1, VOCAB)
