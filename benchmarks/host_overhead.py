@@ -22,9 +22,10 @@ The table gives the median milliseconds per step of each phase, and `host` their
 without `forward`. The default model is the real one (its tokenizer and 49152-token
 vocabulary matter to sampling and detokenizing); `--model llama-tiny --load-format
 dummy` makes the forward negligible, and `--layers 1` makes it cheap with the real
-vocabulary. On a shared 2-core machine run it alone, and
-compare two versions by running them alternately (see --help of the repo's other
-benchmarks); the figures of separate runs are not comparable.
+vocabulary. To compare two versions, run them alternately (A, B, A, B; e.g. the other
+version's core/, gateway/ and backends/ unpacked under DIR/switchyard/ and run with
+PYTHONPATH=DIR) and take the smaller figure of each: on a shared machine the figures
+of separate runs are not comparable.
 """
 from __future__ import annotations
 
