@@ -17,11 +17,14 @@ from .tuning import choose_single_row_products
 
 logger = logging.getLogger(__name__)
 
-# The in-place kernel takes steps of at most this many decodes. Measured 2026-12-01 on an idle
-# 2-core AVX2 EPYC, default model, float32, 2 threads (benchmarks/cpu_decode_step.py), in-place
-# step / gather step: 0.87 at c=1, 1.08 at c=8, 1.22 at c=32: it parallelises over (request, KV
-# head) only, and loses to the gather path's batched GEMMs once there are many requests.
-IN_PLACE_MAX_DECODES = 4
+# The in-place kernel takes every decode step (no cap: None). The old cap of 4 came from a
+# build that ran on one thread (no -fopenmp, see extension.py). Measured 2026-12-01 on a
+# 2-core AVX-512 Xeon shared with other jobs, whole decode step of the default model
+# (benchmarks/cpu_decode_step.py, gather and in place interleaved, best round): bfloat16, 64
+# decodes of ~256 tokens, in place / gather 0.15; one layer (benchmarks/cpu_decode_attention.py,
+# one thread, interleaved minima): 1.8x to 4.8x faster at 1..64 decodes, 256 and 1024 tokens,
+# float32 and bfloat16.
+IN_PLACE_MAX_DECODES = None
 
 GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "
                "short bf16 ones as one batched matmul; one call per prompt chunk)")

@@ -29,7 +29,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_decode.cpp")
-CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno")
+# -fopenmp: at::parallel_for is inline (ATen/ParallelOpenMP.h); without it the pragma is
+# ignored and the kernel runs on one thread. The binary then shares torch's libgomp.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
+LDFLAGS = ("-fopenmp",)
 
 
 @dataclass(frozen=True)
@@ -56,12 +59,21 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def _source_texts(source: str) -> list[bytes]:
+    """The source and the headers beside it (it may include them): a change to any rebuilds."""
+    folder = os.path.dirname(source)
+    headers = sorted(name for name in os.listdir(folder) if name.endswith(".h"))
+    texts = []
+    for path in [source, *(os.path.join(folder, name) for name in headers)]:
+        with open(path, "rb") as file:
+            texts.append(file.read())
+    return texts
+
+
 def build_name(source: str, cache_root: str) -> str:
     """The extension's name (also its op namespace): a digest of what the binary depends on,
     and of where it is kept (two builds loaded in one process must not share a namespace)."""
-    with open(source, "rb") as file:
-        text = file.read()
-    key = b"\0".join([text, os.path.abspath(cache_root).encode(), torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
+    key = b"\0".join([*_source_texts(source), os.path.abspath(cache_root).encode(), torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
                       _cpu_flags().encode(), " ".join(CFLAGS).encode()])
     return "switchyard_paged_decode_" + hashlib.sha256(key).hexdigest()[:16]
 
@@ -85,7 +97,8 @@ def _compile(name: str, source: str, directory: str) -> Callable[..., None]:
         stale = os.path.join(directory, "lock")  # torch's FileBaton; only a dead build leaves it here
         if os.path.exists(stale):
             os.remove(stale)
-        load(name=name, sources=[source], extra_cflags=list(CFLAGS), build_directory=directory,
+        load(name=name, sources=[source], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+             build_directory=directory,
              is_python_module=False, verbose=False)
     return getattr(torch.ops, name).paged_decode
 

@@ -228,7 +228,8 @@ def test_in_place_decodes_match_reference(in_place, monkeypatch, dtype, block_si
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 80])  # the two specialised head dims, and the generic code
+# the two specialised head dims, the generic AVX-512 code (80) and the portable loops (72: not a multiple of 16)
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 72])
 def test_in_place_kernel_on_many_requests_with_a_strided_query(in_place, dtype, head_dim):
     """48 requests of ~200 tokens, 9 query heads on 3 KV heads (SmolLM2's shapes at head_dim
     64); the query is a column slice of a fused projection (rows not contiguous), as a model
@@ -244,6 +245,40 @@ def test_in_place_kernel_on_many_requests_with_a_strided_query(in_place, dtype, 
     out = CpuAttentionKernel(spec, decode=in_place).forward(query, cache, meta)
     expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
                                          meta.block_table, 0.125)
+    torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [1, 2, 4, 16, 64, 256])
+def test_in_place_kernel_on_every_block_size(in_place, monkeypatch, dtype, block_size):
+    """Tiles of 16 positions straddle small blocks and cut large ones; with a window, tiles
+    start mid-block."""
+    monkeypatch.setattr(CpuAttentionKernel, "_gather", _no_gather)
+    lens = [(1, n) for n in (1, 15, 16, 17, 40, 300, 513)]
+    for window in (None, 37):
+        spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=64, block_size=block_size, scale=0.125,
+                             dtype=dtype, sliding_window=window)
+        num_blocks = sum(-(-n // block_size) for _, n in lens) + 8
+        out, expected = run_both(lens, len(lens), spec, seed=block_size, num_blocks=num_blocks, decode=in_place)
+        torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (700, None), (None, 5.0)])
+def test_in_place_kernel_splits_few_long_requests(in_place, dtype, threads, window, soft_cap):
+    """Fewer requests than 4 per thread: each request's positions are split into ranges
+    attended by different tasks and merged (flash-decoding split-KV); lengths that leave a
+    short last range, and one shorter than a range."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lens = [(1, 2049), (1, 1000), (1, 50)]
+        spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, scale=0.125, dtype=dtype,
+                             sliding_window=window, soft_cap=soft_cap)
+        out, expected = run_both(lens, len(lens), spec, seed=threads, num_blocks=256, decode=in_place)
+    finally:
+        torch.set_num_threads(previous)
     torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
 
 
@@ -296,23 +331,25 @@ def test_backend_reports_the_decode_path(in_place):
     assert "decodes: in-place paged kernel" in CpuBackend().capabilities().attention_impl  # what a start would do
     backend = CpuBackend()
     backend._decode.load(default_cache_root())
-    assert (f"in-place paged kernel for steps of up to {IN_PLACE_MAX_DECODES} decodes "
-            f"(C++ extension, {in_place.build.directory})") in backend.attention_impl()
+    assert f"in-place paged kernel (C++ extension, {in_place.build.directory})" in backend.attention_impl()
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=HEAD_DIM, block_size=8, scale=0.3)
     assert backend.attention(spec)._decode is backend._decode
     assert CpuBackend(in_place_decode=False).attention(spec)._decode.op is None
 
 
-def test_larger_decode_steps_gather(in_place):
-    """The backend sends steps of more than IN_PLACE_MAX_DECODES decodes to the gather path
-    (measured faster there), smaller ones in place; no limit when none is set."""
+def test_every_decode_step_is_attended_in_place(in_place):
+    """The backend sets no cap (IN_PLACE_MAX_DECODES, measured); a PagedDecode with one sends
+    larger steps to the gather path and describes the limit."""
     from switchyard.core.loader.gguf_cache import default_cache_root
 
+    assert IN_PLACE_MAX_DECODES is None
     backend = CpuBackend()
     backend._decode.load(default_cache_root())
-    assert backend._decode.serves(1) and backend._decode.serves(IN_PLACE_MAX_DECODES)
-    assert not backend._decode.serves(IN_PLACE_MAX_DECODES + 1) and not backend._decode.serves(0)
-    assert in_place.serves(IN_PLACE_MAX_DECODES + 100)
+    assert backend._decode.serves(1) and backend._decode.serves(512) and not backend._decode.serves(0)
+    capped = PagedDecode(max_decodes=4)
+    capped.load(default_cache_root())
+    assert capped.serves(4) and not capped.serves(5)
+    assert "in-place paged kernel for steps of up to 4 decodes" in capped.describe(default_cache_root())
 
 
 @pytest.mark.slow
