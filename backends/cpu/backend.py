@@ -12,6 +12,7 @@ from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpe
 
 from .attention import CpuAttentionKernel, StepPlanCache
 from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
+from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .linear import pack_linears, packing_supported
 from .tuning import choose_single_row_products
@@ -81,7 +82,8 @@ class CpuBackend(Backend):
 
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
-        return f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed for oneDNN"
+        return (f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed "
+                f"for oneDNN; {describe_compiled(_cache_root(cache_dir))}")
 
     @property
     def device(self) -> torch.device:

@@ -52,6 +52,13 @@ class CompileOptions:
         return os.path.join(self.cache_root, "inductor")
 
 
+def describe(cache_root: str) -> str:
+    """For `switchyard backends`: what a server start does with decode steps."""
+    return (f"decode-only steps compiled at warm-up, one graph per batch bucket (torch.compile, inductor; "
+            f"default buckets {', '.join(map(str, DEFAULT_SIZES))}; cache {os.path.join(cache_root, 'inductor')}; "
+            "--enforce-eager runs them eagerly)")
+
+
 def compile_sizes(max_num_seqs: int, configured: tuple[int, ...] | None) -> tuple[int, ...]:
     """The buckets: the configured sizes (TGI's --cuda-graphs), else DEFAULT_SIZES; none above
     max_num_seqs, and max_num_seqs itself when it lies between the defaults."""
