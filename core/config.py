@@ -119,3 +119,7 @@ class EngineConfig:
     # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
     # None = the backend's own buckets, () = no graphs.
     graph_batch_sizes: tuple[int, ...] | None = None
+    # Run decode-only steps through graphs compiled at warm-up, on backends that compile them
+    # (CPU: torch.compile, one graph per bucket of graph_batch_sizes). Off by default so the
+    # eager path stays the reference; `switchyard serve` turns it on unless --enforce-eager.
+    compile_decode: bool = False

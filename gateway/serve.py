@@ -67,7 +67,8 @@ _SERVE_FLAGS = [
     ("--graceful-shutdown-timeout", ("GRACEFUL_SHUTDOWN_TIMEOUT",), float, 30.0,
      "seconds in-flight requests get to finish after SIGTERM"),
     ("--cuda-graphs", ("CUDA_GRAPHS",), str, None,
-     "comma-separated decode batch sizes to capture as CUDA graphs; 0 = none (default: the backend's buckets)"),
+     "comma-separated decode batch sizes to capture as CUDA graphs (CPU: to compile); 0 = none "
+     "(default: the backend's buckets)"),
     ("--served-model-name", ("SERVED_MODEL_NAME",), str, None, "name reported in /info and /v1/models"),
     ("--chat-template", ("CHAT_TEMPLATE",), str, None,
      "Jinja chat template file for chat routes (a base model has none; replaces the tokenizer's)"),
@@ -91,6 +92,8 @@ _SERVE_SWITCHES = [
      "refuse what needs a grammar: grammar, response_format, guided_*, tool_choice required or named"),
     ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "run a checkpoint's own modeling code (config.auto_map)"),
     ("--sharded", ("SHARDED",), "shard the model (TGI's flag); needs --num-shard N > 1"),
+    ("--enforce-eager", ("ENFORCE_EAGER",),
+     "run every step eagerly: no CUDA graphs, no CPU decode graphs compiled at warm-up (vLLM's flag)"),
     ("--disable-prefix-caching", ("DISABLE_PREFIX_CACHING",),
      "do not keep or reuse the KV blocks of earlier prompts (the n sequences of one prompt still share it)"),
 ]
@@ -136,7 +139,9 @@ def engine_config(args: argparse.Namespace):
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction,
                         enable_prefix_caching=not args.disable_prefix_caching)
     return EngineConfig(
-        graph_batch_sizes=_graph_sizes(args.cuda_graphs),
+        # vLLM's --enforce-eager: no decode graphs of any kind (CUDA graphs, compiled CPU steps)
+        graph_batch_sizes=() if args.enforce_eager else _graph_sizes(args.cuda_graphs),
+        compile_decode=not args.enforce_eager,  # otherwise a server compiles its decode steps at warm-up
         model=ModelConfig(model=args.model, dtype=args.dtype, quantize=args.quantize, load_format=args.load_format,
                           revision=args.revision,
                           max_model_len=args.max_model_len or args.max_total_tokens,

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from switchyard.core.backend import AttentionKernel, AttentionMetadata, AttentionSpec
 
+from . import compiled_attention
 from .extension import PagedDecode
 
 
@@ -208,6 +209,9 @@ class CpuAttentionKernel(AttentionKernel):
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  meta: AttentionMetadata) -> None:
+        if torch.compiler.is_compiling():  # traced by the compiled decode runner: one opaque op
+            torch.ops.switchyard_cpu.write_kv(key, value, kv_cache, meta.slot_mapping)
+            return
         _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
         flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
         slots = meta.slot_mapping if meta.slot_mapping.dtype == torch.long else meta.slot_mapping.long()
@@ -215,6 +219,8 @@ class CpuAttentionKernel(AttentionKernel):
         flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._traced_decodes(query, kv_cache, meta)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if meta.num_requests == 0:
             return out
@@ -242,15 +248,18 @@ class CpuAttentionKernel(AttentionKernel):
                           out: torch.Tensor) -> None:
         """The batch's decodes (its first rows) in one call of the C++ kernel, written into out."""
         num = meta.num_decodes
-        query = query[:num]
-        if query.dtype != kv_cache.dtype or query.stride(-1) != 1:  # the kernel computes in the cache's dtype
-            query = query.to(kv_cache.dtype).contiguous()
-        same_dtype = out.dtype == kv_cache.dtype
-        target = out[:num] if same_dtype else torch.empty(query.shape, dtype=kv_cache.dtype)
-        op(target, query, kv_cache, meta.block_table.to(torch.int32), meta.seq_lens.to(torch.int32),
-           self.spec.scale, self.spec.sliding_window or 0, self.spec.soft_cap or 0.0)
-        if not same_dtype:
-            out[:num].copy_(target)
+        compiled_attention.decode_in_place(op, query[:num], kv_cache, meta.block_table, meta.seq_lens,
+                                           self.spec.scale, self.spec.sliding_window or 0,
+                                           self.spec.soft_cap or 0.0, out[:num])
+
+    def _traced_decodes(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Under torch.compile (compiled.py: decode-only steps, every row one token): the in-place
+        kernel as an opaque op over the metadata's tensors; its host tuples are never read."""
+        if self._decode.op is None:
+            raise RuntimeError("compiled decode steps need the in-place decode kernel, which is not loaded")
+        return torch.ops.switchyard_cpu.paged_decode(
+            query, kv_cache, meta.block_table, meta.seq_lens, self.spec.scale, self.spec.sliding_window or 0,
+            self.spec.soft_cap or 0.0, self._decode.op_name)
 
     def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """[2, N, bs, Hkv, D]: the blocks' keys and values, in a reused scratch buffer."""

@@ -11,6 +11,8 @@ from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpe
                                      ShardInfo)
 
 from .attention import CpuAttentionKernel, StepPlanCache
+from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
+from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .linear import pack_linears, packing_supported
 from .tuning import choose_single_row_products
@@ -83,7 +85,8 @@ class CpuBackend(Backend):
 
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
-        return f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed for oneDNN"
+        return (f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed "
+                f"for oneDNN; {describe_compiled(_cache_root(cache_dir))}")
 
     @property
     def device(self) -> torch.device:
@@ -121,10 +124,30 @@ class CpuBackend(Backend):
         choose_single_row_products(loaded.model)
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
-        """The plain runner, once the in-place decode kernel is built or reused (extension.py;
-        the gather path, with its reason logged, if it cannot be)."""
-        self._decode.load(_cache_root(config.model.cache_dir))
-        return super().make_runner(loaded, kv_caches, config)
+        """Once the in-place decode kernel is built or reused (extension.py; the gather path, with
+        its reason logged, if it cannot be): the plain runner, or with `config.compile_decode` the
+        runner of compiled decode graphs (compiled.py), compiled here, at warm-up."""
+        cache_root = _cache_root(config.model.cache_dir)
+        self._decode.load(cache_root)
+        if not config.compile_decode:
+            return super().make_runner(loaded, kv_caches, config)
+        runner = CompiledDecodeRunner(
+            loaded.model, self, kv_caches, config.cache.block_size,
+            sizes=compile_sizes(config.scheduler.max_num_seqs, config.graph_batch_sizes),
+            max_model_len=loaded.max_model_len, options=CompileOptions(cache_root),
+            disabled_reason=self._cannot_compile(config))
+        runner.compile()
+        return runner
+
+    def _cannot_compile(self, config) -> str | None:
+        """Why decode steps cannot be compiled here, or None."""
+        if self._decode.op_name is None:  # graphs attend through the in-place kernel alone
+            build = self._decode.build
+            return "the in-place decode kernel is " + ("switched off" if build is None else
+                                                        f"unavailable ({build.reason})")
+        if config.parallel.sharded:
+            return "tensor-parallel shards run eager"
+        return None
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
         """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc),

@@ -145,6 +145,8 @@ class PagedDecode:
         self.enabled = enabled
         self.max_decodes = max_decodes  # larger decode batches gather (None: no limit)
         self.build: PagedDecodeBuild | None = None
+        # the loaded op's torch name ("namespace::paged_decode"), which compiled graphs call it by
+        self.op_name: str | None = None
 
     def serves(self, num_decodes: int) -> bool:
         """Whether a step with this many decodes attends them in place."""
@@ -154,6 +156,8 @@ class PagedDecode:
     def load(self, cache_root: str, source: str = SOURCE) -> PagedDecodeBuild | None:
         if self.enabled and self.build is None:
             self.build = build_paged_decode(cache_root, source)
+            if self.build.available:
+                self.op_name = self.build.op.default.name()
         return self.build
 
     @property

@@ -43,10 +43,13 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
-        # float32: one packing for single rows, one for batches; bf16: one for all
-        self._packed_one_row = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-        self._packed_batch = (torch.ops.mkldnn._reorder_linear_weight(weight, None)
-                              if weight.dtype == torch.float32 else self._packed_one_row)
+        # float32: one packing for single rows, one for batches; bf16: one for all. Buffers, so
+        # that torch.compile's freezing (compiled.py) takes them as constants, as inductor's
+        # oneDNN lowering requires of a packed weight.
+        one_row = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        self.register_buffer("_packed_one_row", one_row, persistent=False)
+        self.register_buffer("_packed_batch", torch.ops.mkldnn._reorder_linear_weight(weight, None)
+                             if weight.dtype == torch.float32 else one_row, persistent=False)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,8 @@ def server(gguf_path, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("gemma3-serve") / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--model-id", gguf_path,
-                                 "--port", str(port), "--max-batch-total-tokens", "8192", "--dtype", "float32"],
+                                 "--port", str(port), "--max-batch-total-tokens", "8192", "--dtype", "float32",
+                                 "--enforce-eager"],
                                 stdout=log, stderr=subprocess.STDOUT)
     yield proc, f"http://127.0.0.1:{port}", log_path
     proc.terminate()

@@ -60,7 +60,9 @@ def _free_port() -> int:
 def _start(*flags: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), *flags],
+    # eager: these tests are about the server, not the decode graphs a start compiles by default
+    proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port),
+                             "--enforce-eager", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     return proc, f"http://127.0.0.1:{port}"
 

@@ -23,6 +23,7 @@ def test_defaults_are_tgis_where_they_apply():
         128, 2, 4, 5, 4, 2_000_000)
     config = engine_config(args)
     assert config.model.model is None and config.graph_batch_sizes is None
+    assert config.compile_decode  # a server compiles its decode steps; the library default is eager
     assert config.cache.memory_fraction is None  # the backend's own default
 
 
@@ -48,6 +49,12 @@ def test_batch_flags_map_onto_the_scheduler_and_the_kv_cache():
     assert config.cache.num_blocks == 1000 // 16 + 1  # whole blocks within 1000 tokens + the reserved block
     assert config.scheduler.max_num_batched_tokens == 512 and config.scheduler.max_num_seqs == 8
     assert config.cache.memory_fraction == 0.8 and config.graph_batch_sizes == (1, 2, 4, 8)
+
+
+def test_enforce_eager_turns_off_every_kind_of_decode_graph():
+    config = engine_config(_parse(["--enforce-eager", "--cuda-graphs", "1,2"]))
+    assert not config.compile_decode and config.graph_batch_sizes == ()
+    assert not engine_config(_parse([], {"ENFORCE_EAGER": "1"})).compile_decode
 
 
 def test_dtype_defaults_to_the_backends_choice_and_quantize_reaches_the_engine():
