@@ -35,10 +35,11 @@ logger = logging.getLogger(__name__)
 
 INT4_FORMATS = ("q4_0", "q4_1")
 INNER_K_TILES = 2  # the int4 pack's tiling (2, 4 or 8 all divide the 576-wide default model)
+INT4_ROWS = 16  # the int4 pack wants a multiple of 16 output rows; others are padded
 
 
 def int4_operands(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed int4 weight, bf16 scales_and_zeros [in / 32, out, 2]) of a q4_0 / q4_1 weight."""
+    """(packed int4 weight, bf16 scales_and_zeros [in / 32, out padded, 2]) of a q4_0 / q4_1 weight."""
     out, inp = weight.shape
     blocks = weight.data.view(out, inp // BLOCK, BLOCK_BYTES[weight.format])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()
@@ -47,7 +48,10 @@ def int4_operands(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).reshape(out, inp)
     zero = (torch.zeros_like(d) if weight.format == "q4_0"
             else blocks[..., 2:4].contiguous().view(torch.float16).float() + 8 * d)
-    scales_and_zeros = torch.cat([d, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    pad = -out % INT4_ROWS  # padding rows: scale 0, zero 0, so they output 0 (cut off after the call)
+    q = torch.nn.functional.pad(q, (0, 0, 0, pad))
+    scales_and_zeros = torch.nn.functional.pad(torch.cat([d, zero], dim=-1), (0, 0, 0, 0, 0, pad))
+    scales_and_zeros = scales_and_zeros.transpose(0, 1).contiguous().to(torch.bfloat16)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), INNER_K_TILES)
     return packed, scales_and_zeros
 
@@ -90,6 +94,8 @@ class Int4Linear(QuantizedLinear):
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, BLOCK,
                                                           self.scales_and_zeros)
+        if out.shape[1] != self.out_features:
+            out = out[:, :self.out_features]
         return out.to(x.dtype)
 
 

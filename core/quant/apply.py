@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..layers.linear import Linear
+from ..params import ValidationError
 from .weight import BLOCK, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -24,8 +25,11 @@ QUANTIZE_AT_LOAD = ("int8", "int4")
 QUANTIZE_METHODS = (*QUANTIZE_AT_LOAD, "gguf")
 
 
-class QuantizeError(ValueError):
+class QuantizeError(ValidationError):
     """A --quantize value that does not fit the model (one line for the user)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "quantize")
 
 
 def check_quantize_source(quantize: str | None, gguf_file: str | None) -> None:
