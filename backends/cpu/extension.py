@@ -33,6 +33,13 @@ SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
 SOURCE = os.path.join(SOURCES, "paged_decode.cpp")
 Q8_0_SOURCE = os.path.join(SOURCES, "q8_0_matmul.cpp")
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno")
+# Per source: extra flags. at::parallel_for is OpenMP code in ATen's headers: without -fopenmp
+# it runs on one thread. The Q8_0 matmul is one flat loop over output rows and wants them all.
+EXTRA_CFLAGS = {"q8_0_matmul.cpp": ("-fopenmp",)}
+
+
+def cflags(source: str) -> tuple[str, ...]:
+    return CFLAGS + EXTRA_CFLAGS.get(os.path.basename(source), ())
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,20 @@ class ExtensionBuild:
         return os.path.basename(self.directory)
 
 
-PagedDecodeBuild = ExtensionBuild  # its op: ops.paged_decode(out, query, kv_cache, block_table, seq_lens, scale, window, soft_cap)
+@dataclass(frozen=True)
+class PagedDecodeBuild:
+    """The decode-attention extension's build. `op` is the loaded kernel (None when unavailable):
+    op(out, query, kv_cache, block_table, seq_lens, scale, window, soft_cap)."""
+
+    op: Callable[..., None] | None
+    reason: str
+    directory: str
+    seconds: float
+    cache_hit: bool
+
+    @property
+    def available(self) -> bool:
+        return self.op is not None
 
 
 def _cpu_flags() -> str:
@@ -72,7 +92,7 @@ def build_name(source: str, cache_root: str) -> str:
     with open(source, "rb") as file:
         text = file.read()
     key = b"\0".join([text, os.path.abspath(cache_root).encode(), torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
-                      _cpu_flags().encode(), " ".join(CFLAGS).encode()])
+                      _cpu_flags().encode(), " ".join(cflags(source)).encode()])
     stem = os.path.splitext(os.path.basename(source))[0]
     return f"switchyard_{stem}_" + hashlib.sha256(key).hexdigest()[:16]
 
@@ -96,8 +116,9 @@ def _compile(name: str, source: str, directory: str) -> Any:
         stale = os.path.join(directory, "lock")  # torch's FileBaton; only a dead build leaves it here
         if os.path.exists(stale):
             os.remove(stale)
-        load(name=name, sources=[source], extra_cflags=list(CFLAGS), build_directory=directory,
-             is_python_module=False, verbose=False)
+        extra = list(EXTRA_CFLAGS.get(os.path.basename(source), ()))  # -fopenmp links too
+        load(name=name, sources=[source], extra_cflags=list(cflags(source)), extra_ldflags=extra,
+             build_directory=directory, is_python_module=False, verbose=False)
     return getattr(torch.ops, name)
 
 
@@ -133,9 +154,11 @@ def build_extension(cache_root: str, source: str, what: str, fallback: str) -> E
     return ExtensionBuild(ops, "", directory, seconds, was_built)
 
 
-def build_paged_decode(cache_root: str, source: str = SOURCE) -> ExtensionBuild:
+def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
     """The in-place decode-attention kernel (the gather path without it)."""
-    return build_extension(cache_root, source, "CPU decode attention", "gather path")
+    build = build_extension(cache_root, source, "CPU decode attention", "gather path")
+    return PagedDecodeBuild(build.ops.paged_decode if build.available else None, build.reason, build.directory,
+                            build.seconds, build.cache_hit)
 
 
 class PagedDecode:
@@ -161,7 +184,7 @@ class PagedDecode:
 
     @property
     def op(self) -> Callable[..., None] | None:
-        return self.build.ops.paged_decode if self.build is not None and self.build.available else None
+        return self.build.op if self.build is not None else None
 
     def describe(self, cache_root: str) -> str:
         """For `switchyard backends`: the path in use, or the one a start would take."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..quant.weight import QuantizedWeight
+from ..quant.weight import QuantizedWeight, dequantize_rows
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +257,6 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:  # only the looked-up rows are dequantized
-            rows = self.quantized.rows(ids.reshape(-1)).dequantize(self.weight.dtype)
+            rows = dequantize_rows(self.quantized, ids.reshape(-1)).to(self.weight.dtype)
             return rows.view(*ids.shape, rows.shape[-1])
         return F.embedding(ids, self.weight)

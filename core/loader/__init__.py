@@ -20,7 +20,7 @@ from ..chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
 from ..quant.apply import QuantizeError, check_quantize_source, quantize_model
-from ..quant.gguf import GGUFPackedWeights
+from .gguf_packed import GGUFPackedWeights
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config

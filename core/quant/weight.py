@@ -72,18 +72,27 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     """float32 [out, in]."""
-    out, inp = weight.shape
-    if weight.format == "int8":
-        return weight.data.float() * weight.scales[:, None]
-    blocks = weight.data.view(out, inp // BLOCK, BLOCK_BYTES[weight.format])
+    return _dequantize(weight.format, weight.data, weight.scales, weight.shape[1])
+
+
+def dequantize_rows(weight: QuantizedWeight, index: torch.Tensor) -> torch.Tensor:
+    """float32 [len(index), in]: only the rows `index` (an embedding lookup)."""
+    scales = None if weight.scales is None else weight.scales[index]
+    return _dequantize(weight.format, weight.data[index], scales, weight.shape[1])
+
+
+def _dequantize(fmt: str, data: torch.Tensor, scales: torch.Tensor | None, inp: int) -> torch.Tensor:
+    if fmt == "int8":
+        return data.float() * scales[:, None]
+    blocks = data.view(data.shape[0], inp // BLOCK, BLOCK_BYTES[fmt])
     d = _fp16(blocks, 0)
-    if weight.format == "q8_0":
+    if fmt == "q8_0":
         values = d * blocks[..., 2:].contiguous().view(torch.int8).float()
-    elif weight.format == "q4_0":
+    elif fmt == "q4_0":
         values = d * (_nibbles(blocks[..., 2:]) - 8)
     else:
         values = d * _nibbles(blocks[..., 4:]) + _fp16(blocks, 2)
-    return values.reshape(out, inp)
+    return values.reshape(data.shape[0], inp)
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:

@@ -17,7 +17,7 @@ from switchyard.core.loader import load_model
 from switchyard.core.loader.gguf_cache import default_cache_root
 from switchyard.core.quant import BLOCK_BYTES, QuantizedWeight, quantize_int4, quantize_int8
 from switchyard.core.quant.apply import QuantizeError, quantize_model
-from switchyard.core.quant.gguf import unpermute_rows
+from switchyard.core.loader.gguf_packed import unpermute_rows
 
 # The bf16 kernels (int4, int8, and every batch path) round activations and scales to bf16:
 # outputs within 1% of the largest output; the Q8_0 kernel computes in float32.
@@ -151,3 +151,15 @@ def test_refusals_before_loading():
     sharded = EngineConfig(model=ModelConfig(quantize="int8"), parallel=ParallelConfig(tensor_parallel_size=2))
     with pytest.raises(BackendCapabilityError, match="cannot be combined with --num-shard 2"):
         check_capabilities("cpu", caps, sharded)
+
+
+def test_embedding_dequantizes_only_the_looked_up_rows():
+    from switchyard.core.layers import Embedding
+
+    table = random_blocks("q8_0", 50, 64)
+    embedding = Embedding(50, 64, dtype=torch.bfloat16)
+    embedding.load("weight", table)
+    assert embedding.quantized is table and embedding.weight.numel() == 0
+    ids = torch.tensor([[3, 49], [0, 3]])
+    expected = torch.nn.functional.embedding(ids, table.dequantize(torch.bfloat16))
+    torch.testing.assert_close(embedding(ids), expected)

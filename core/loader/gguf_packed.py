@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..loader.gguf_weights import GGUFWeights, _float32_tensor
-from .weight import QuantizedWeight
+from ..quant.weight import QuantizedWeight
+from .gguf_weights import GGUFWeights, _float32_tensor
 
 logger = logging.getLogger(__name__)
 
