@@ -66,8 +66,10 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
 
 def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoice]:
     """Where the model comes from, its config, and which path runs it; an architecture
-    no path runs raises UnsupportedModelError. Cheap: no weights are read."""
+    no path runs raises UnsupportedModelError, a --quantize the source cannot give a
+    QuantizeError. Cheap: no weights are read."""
     source = resolve_source(model_config)
+    check_quantize_source(model_config.quantize, source.gguf_file if source.load_format != "dummy" else None)
     hf_config = load_config(source, model_config.trust_remote_code)
     return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
 
@@ -79,7 +81,6 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int, sha
     counts), collectives through `communicator`; the logits stay [N, vocab] on every shard."""
     source, hf_config, choice = choose_model(model_config)
     quantize = model_config.quantize
-    check_quantize_source(quantize, source.gguf_file if source.load_format != "dummy" else None)
     dtype = torch_dtype(model_config.dtype)
     check_shardable(hf_config, shard.world_size)
     tp = TensorParallel(shard.rank, shard.world_size, communicator) if shard.sharded else TensorParallel()

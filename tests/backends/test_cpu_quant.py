@@ -163,3 +163,17 @@ def test_embedding_dequantizes_only_the_looked_up_rows():
     ids = torch.tensor([[3, 49], [0, 3]])
     expected = torch.nn.functional.embedding(ids, table.dequantize(torch.bfloat16))
     torch.testing.assert_close(embedding(ids), expected)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["generate", "hi", "--quantize", "awq"], "does not support --quantize awq; it supports: int8, int4, gguf"),
+    (["serve", "--model-id", "llama-tiny", "--load-format", "dummy", "--quantize", "gguf", "--port", "1"],
+     "--quantize gguf needs a GGUF model file"),
+    (["generate", "hi", "--quantize", "int4", "--num-shard", "2"], "cannot be combined with --num-shard 2"),
+])
+def test_cli_refuses_in_one_line(capsys, argv, words):
+    from switchyard.gateway.cli import main
+
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("switchyard: error:")]
+    assert len(errors) == 1 and words in errors[0]
