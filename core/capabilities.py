@@ -2,7 +2,8 @@
 
 Called once when an engine starts, before anything is loaded:
 - `dtype="auto"` becomes the backend's preferred dtype (the copy returned says which);
-- a `quantize` the backend does not declare is refused (one line);
+- a `quantize` the backend does not declare is refused (one line), and so is any `quantize`
+  with tensor parallelism (quantized weights are loaded whole, core/layers/linear.py);
 - a dtype or KV block size outside the declared lists is refused (BackendCapabilityError, one
   line naming the backend, the value asked and the values it supports): running it anyway
   would fail later inside a kernel, or silently compute something else;
@@ -44,6 +45,9 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if quantize is not None and quantize not in caps.quantizations:
         raise BackendCapabilityError(f"backend {backend!r} does not support --quantize {quantize}; "
                                      f"it supports: {_listed(caps.quantizations)}")
+    if quantize is not None and config.parallel.tensor_parallel_size > 1:
+        raise BackendCapabilityError(f"--quantize {quantize} cannot be combined with --num-shard "
+                                     f"{config.parallel.tensor_parallel_size}: quantized weights are not split over shards")
     block_size = config.cache.block_size
     if block_size not in caps.block_sizes:
         raise BackendCapabilityError(f"backend {backend!r} does not support KV block size {block_size}; "

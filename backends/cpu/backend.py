@@ -15,6 +15,7 @@ from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
 from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .linear import pack_linears, packing_supported
+from .quant import load_q8_0_kernel, pack_quantized
 from .tuning import choose_single_row_products
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,9 @@ logger = logging.getLogger(__name__)
 # one thread, interleaved minima): 1.8x to 4.8x faster at 1..64 decodes, 256 and 1024 tokens,
 # float32 and bfloat16.
 IN_PLACE_MAX_DECODES = None
+
+# Quantized linears take batches of more rows than this through a bf16 oneDNN copy (quant.py).
+QUANTIZED_BATCH_ROWS = 4
 
 GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "
                "short bf16 ones as one batched matmul; one call per prompt chunk)")
@@ -81,7 +85,8 @@ class CpuBackend(Backend):
         # the kernel gathers whole blocks of any size; small ones serve tiny test models
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
-                            static_shapes=False, attention_impl=self.attention_impl())
+                            static_shapes=False, attention_impl=self.attention_impl(),
+                            quantizations=("int8", "int4", "gguf"))
 
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
@@ -117,8 +122,12 @@ class CpuBackend(Backend):
         return CpuAttentionKernel(spec, self._plans, self._decode)
 
     def prepare_model(self, loaded, config) -> None:
-        """Packs the linear weights for oneDNN (linear.py), then tells the remaining linears
-        how this CPU multiplies a single row (tuning.py). The plain runner runs the result."""
+        """Swaps quantized linears for their kernels (quant.py), packs the float linear weights
+        for oneDNN (linear.py), then tells the remaining linears how this CPU multiplies a
+        single row (tuning.py). The plain runner runs the result."""
+        if config.model.quantize is not None:
+            q8_0 = load_q8_0_kernel(_cache_root(config.model.cache_dir))
+            pack_quantized(loaded.model, q8_0, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
         if self.pack_weights:
             pack_linears(loaded.model)
         choose_single_row_products(loaded.model)

@@ -1,4 +1,5 @@
-"""Builds and loads the CPU backend's C++ decode-attention kernel (csrc/paged_decode.cpp).
+"""Builds and loads the CPU backend's C++ kernels (csrc/*.cpp, one extension per source file):
+the decode-attention kernel (paged_decode.cpp) and the Q8_0 matmul (q8_0_matmul.cpp).
 
 Compiled with torch's extension mechanism on first use of the backend (the engine's
 warm-up, never at import), into `<cache root>/torch_extensions/<name>`, a directory
@@ -7,8 +8,8 @@ Python ABI, this CPU's flags: it is built with -march=native), so a second start
 every shard process, reuses it. An exclusive file lock serialises concurrent builds;
 torch's own lock file inside the directory is cleared under it, so a build killed
 half-way cannot leave later starts waiting forever. When there is no compiler or the
-build fails, `build_paged_decode` returns an unavailable `PagedDecodeBuild` with the
-reason, and the caller keeps the gather path.
+build fails, `build_extension` returns an unavailable `ExtensionBuild` with the reason,
+and the caller keeps its plain-torch path (the gather path, a dequantized weight).
 """
 from __future__ import annotations
 
@@ -22,29 +23,51 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import cache
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_decode.cpp")
-# -fopenmp: at::parallel_for is inline (ATen/ParallelOpenMP.h); without it the pragma is
-# ignored and the kernel runs on one thread. The binary then shares torch's libgomp.
+SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
+SOURCE = os.path.join(SOURCES, "paged_decode.cpp")
+Q8_0_SOURCE = os.path.join(SOURCES, "q8_0_matmul.cpp")
+# -fopenmp: at::parallel_for is inline OpenMP (ATen/ParallelOpenMP.h); without it the pragma is
+# ignored and a kernel runs on one thread. The binaries then share torch's OpenMP runtime.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 LDFLAGS = ("-fopenmp",)
 
 
 @dataclass(frozen=True)
-class PagedDecodeBuild:
-    """The outcome of one build-or-reuse. `op` is the loaded kernel (None when unavailable):
-    op(out, query, kv_cache, block_table, seq_lens, scale, window, soft_cap)."""
+class ExtensionBuild:
+    """The outcome of one build-or-reuse. `ops` is the extension's op namespace
+    (torch.ops.<name>; None when unavailable)."""
 
-    op: Callable[..., None] | None
+    ops: Any | None
     reason: str  # why it is unavailable; "" when available
     directory: str
     seconds: float
     cache_hit: bool  # the binary was already built: nothing was compiled
+
+    @property
+    def available(self) -> bool:
+        return self.ops is not None
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.directory)
+
+
+@dataclass(frozen=True)
+class PagedDecodeBuild:
+    """The decode-attention extension's build. `op` is the loaded kernel (None when unavailable):
+    op(out, query, kv_cache, block_table, seq_lens, scale, window, soft_cap)."""
+
+    op: Callable[..., None] | None
+    reason: str
+    directory: str
+    seconds: float
+    cache_hit: bool
 
     @property
     def available(self) -> bool:
@@ -73,9 +96,10 @@ def _source_texts(source: str) -> list[bytes]:
 def build_name(source: str, cache_root: str) -> str:
     """The extension's name (also its op namespace): a digest of what the binary depends on,
     and of where it is kept (two builds loaded in one process must not share a namespace)."""
-    key = b"\0".join([*_source_texts(source), os.path.abspath(cache_root).encode(), torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
-                      _cpu_flags().encode(), " ".join(CFLAGS).encode()])
-    return "switchyard_paged_decode_" + hashlib.sha256(key).hexdigest()[:16]
+    key = b"\0".join([*_source_texts(source), os.path.abspath(cache_root).encode(), torch.__version__.encode(),
+                      sys.version.encode(), platform.machine().encode(), _cpu_flags().encode(), " ".join(CFLAGS).encode()])
+    stem = os.path.splitext(os.path.basename(source))[0]
+    return f"switchyard_{stem}_" + hashlib.sha256(key).hexdigest()[:16]
 
 
 def build_directory(cache_root: str, name: str) -> str:
@@ -89,7 +113,7 @@ def _missing_tools() -> str:
     return "" if shutil.which("ninja") else "ninja not found"
 
 
-def _compile(name: str, source: str, directory: str) -> Callable[..., None]:
+def _compile(name: str, source: str, directory: str) -> Any:
     from torch.utils.cpp_extension import load
 
     with open(os.path.join(directory, ".build.lock"), "w") as lock:
@@ -98,9 +122,8 @@ def _compile(name: str, source: str, directory: str) -> Callable[..., None]:
         if os.path.exists(stale):
             os.remove(stale)
         load(name=name, sources=[source], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
-             build_directory=directory,
-             is_python_module=False, verbose=False)
-    return getattr(torch.ops, name).paged_decode
+             build_directory=directory, is_python_module=False, verbose=False)
+    return getattr(torch.ops, name)
 
 
 def _first_error_line(text: str) -> str:
@@ -111,28 +134,35 @@ def _first_error_line(text: str) -> str:
 
 
 @cache
-def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
-    """Builds (or reuses) the kernel under `cache_root`, once per process; never raises."""
+def build_extension(cache_root: str, source: str, what: str, fallback: str) -> ExtensionBuild:
+    """Builds (or reuses) the extension of `source` under `cache_root`, once per process; never
+    raises. what / fallback: the kernel and the path taken without it, for the log lines."""
     name = build_name(source, cache_root)
     directory = build_directory(cache_root, name)
     missing = _missing_tools()
     if missing:
-        logger.warning("CPU decode attention: gather path, the in-place kernel cannot be built: %s", missing)
-        return PagedDecodeBuild(None, missing, directory, 0.0, False)
+        logger.warning("%s: %s, the kernel cannot be built: %s", what, fallback, missing)
+        return ExtensionBuild(None, missing, directory, 0.0, False)
     binary = os.path.join(directory, f"{name}.so")
     was_built = os.path.exists(binary)
     began = time.perf_counter()
     try:
         os.makedirs(directory, exist_ok=True)
-        op = _compile(name, source, directory)
+        ops = _compile(name, source, directory)
     except Exception as error:  # a compiler error, a missing header, an unloadable binary
         reason = f"build failed ({type(error).__name__}: {_first_error_line(str(error))})"
-        logger.warning("CPU decode attention: gather path, %s; build directory %s", reason, directory)
-        return PagedDecodeBuild(None, reason, directory, time.perf_counter() - began, False)
+        logger.warning("%s: %s, %s; build directory %s", what, fallback, reason, directory)
+        return ExtensionBuild(None, reason, directory, time.perf_counter() - began, False)
     seconds = time.perf_counter() - began
-    logger.info("CPU decode attention: in-place kernel %s in %.1f s (%s)",
-                "reused" if was_built else "compiled", seconds, directory)
-    return PagedDecodeBuild(op, "", directory, seconds, was_built)
+    logger.info("%s: kernel %s in %.1f s (%s)", what, "reused" if was_built else "compiled", seconds, directory)
+    return ExtensionBuild(ops, "", directory, seconds, was_built)
+
+
+def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
+    """The in-place decode-attention kernel (the gather path without it)."""
+    build = build_extension(cache_root, source, "CPU decode attention", "gather path")
+    return PagedDecodeBuild(build.ops.paged_decode if build.available else None, build.reason, build.directory,
+                            build.seconds, build.cache_hit)
 
 
 class PagedDecode:

@@ -7,9 +7,15 @@ dim; `load_shard` copies one of them into its slice. Under tensor parallelism a 
 holds a `Slice` of the checkpoint tensor (rows: column-parallel, columns: row-parallel;
 core/layers/parallel.py) and its loaders read only that slice of the checkpoint tensor,
 which may be a lazy one (`CheckpointTensor`: the loader's safetensors slices).
+
+A Linear or Embedding may instead be loaded with a `QuantizedWeight` (core/quant): it then
+holds the packed bytes in `quantized`, its float `weight` shrinks to an empty tensor, and its
+forward dequantizes (the plain-torch reference; a backend's prepare_model swaps in a kernel).
+Quantized weights are whole: tensor parallelism refuses --quantize (core/capabilities.py).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -17,6 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..quant.weight import QuantizedWeight, dequantize_rows
+
+logger = logging.getLogger(__name__)
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            single_row_matvec: bool | None = None) -> torch.Tensor:
@@ -102,9 +111,26 @@ class Linear(nn.Module):
         self.rows, self.cols, self.bias_elsewhere = rows, cols, bias_elsewhere
         # How a single row is multiplied (see `linear`); a backend may set it per layer.
         self.single_row_matvec: bool | None = None
+        self.quantized: QuantizedWeight | None = None  # set instead of `weight` (hold_quantized)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return F.linear(x, self.quantized.dequantize(x.dtype), self.bias)
         return linear(x, self.weight, self.bias, self.single_row_matvec)
+
+    def hold_quantized(self, weight: QuantizedWeight, free_float: bool = True) -> None:
+        """Keep `weight` instead of the float one; free_float: empty the float parameter (False
+        when another module still reads it, e.g. the embedding a head is tied to)."""
+        if weight.shape != (self.out_features, self.in_features):
+            raise ValueError(f"quantized weight {weight.shape} does not fit ({self.out_features}, {self.in_features})")
+        self.quantized = weight
+        if free_float:
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+
+    def tie_quantized(self, embedding: Embedding) -> None:
+        """A head tied to `embedding` shares its quantized weight too (their float one is shared)."""
+        if embedding.quantized is not None:
+            self.hold_quantized(embedding.quantized)
 
     def load(self, param_name: str, tensor: CheckpointTensor) -> bool:
         """Copy this shard's slice of checkpoint tensor `param_name` ("weight" / "bias");
@@ -116,12 +142,21 @@ class Linear(nn.Module):
         param = self.weight if param_name == "weight" else self.bias
         if param is None:
             raise ValueError(f"checkpoint has a {param_name} this layer does not have")
+        if isinstance(tensor, QuantizedWeight):
+            self.hold_quantized(_whole_quantized(tensor, self.rows, self.cols))
+            return True
         if self.rows is not None:
             tensor = read_slice(tensor, 0, self.rows)
         if self.cols is not None and param_name == "weight":
             tensor = read_slice(tensor, 1, self.cols)
         _copy(param_name, param.data, read_whole(tensor))
         return True
+
+
+def _whole_quantized(weight: QuantizedWeight, *slices: Slice | None) -> QuantizedWeight:
+    if any(part is not None and part != Slice.whole(part.full) for part in slices):
+        raise ValueError("a quantized weight cannot be split over shards")
+    return weight
 
 
 def read_whole(tensor: CheckpointTensor) -> torch.Tensor:
@@ -142,17 +177,52 @@ class MergedLinear(Linear):
         self.parts = tuple(parts) if parts is not None else tuple(Slice.whole(n) for n in self.output_sizes)
         if tuple(p.size for p in self.parts) != self.output_sizes:
             raise ValueError(f"parts {self.parts} do not match output sizes {self.output_sizes}")
+        self._quantized_parts: dict[int, QuantizedWeight] = {}  # until every part has come
+        self._float_parts = False  # a part came as floats: every part is kept as floats
 
     def load_shard(self, param: nn.Parameter, shard: int, tensor: CheckpointTensor) -> None:
-        """Part `shard` (e.g. 1 = k of q/k/v) from its own checkpoint tensor."""
+        """Part `shard` (e.g. 1 = k of q/k/v) from its own checkpoint tensor. Quantized parts
+        are joined into one quantized weight once all have come in one format; parts that
+        cannot be joined (another format, or a float part) are dequantized into `weight`."""
         start, size = sum(self.output_sizes[:shard]), self.output_sizes[shard]
+        if isinstance(tensor, QuantizedWeight) and param is self.weight and not self._float_parts:
+            self._quantized_parts[shard] = _whole_quantized(tensor, self.parts[shard])
+            if len(self._quantized_parts) == len(self.output_sizes):
+                self._join_quantized_parts()
+            return
+        if param is self.weight and not self._float_parts:
+            self._float_parts = True
+            self._dequantize_parts()
+        if isinstance(tensor, QuantizedWeight):
+            tensor = tensor.dequantize(param.dtype)
         _copy(f"shard {shard}", param.data.narrow(0, start, size), read_slice(tensor, 0, self.parts[shard]))
+
+    def _join_quantized_parts(self) -> None:
+        parts = [self._quantized_parts[i] for i in range(len(self.output_sizes))]
+        if len({part.format for part in parts}) > 1:
+            logger.info("fused projection with parts in formats %s: dequantized", [p.format for p in parts])
+            self._float_parts = True
+            self._dequantize_parts()
+            return
+        scales = None if parts[0].scales is None else torch.cat([p.scales for p in parts])
+        self._quantized_parts = {}
+        self.hold_quantized(QuantizedWeight(parts[0].format, (self.out_features, self.in_features),
+                                            torch.cat([p.data for p in parts]), scales))
+
+    def _dequantize_parts(self) -> None:
+        for shard, part in sorted(self._quantized_parts.items()):
+            start = sum(self.output_sizes[:shard])
+            self.weight.data.narrow(0, start, part.shape[0]).copy_(part.dequantize(self.weight.dtype))
+        self._quantized_parts = {}
 
     def load(self, param_name: str, tensor: CheckpointTensor) -> bool:
         """Every part from one checkpoint tensor that already fuses them (Phi-3's qkv_proj)."""
         param = self.weight if param_name == "weight" else self.bias
         if param is None:
             raise ValueError(f"checkpoint has a {param_name} this layer does not have")
+        if isinstance(tensor, QuantizedWeight) and param is self.weight:
+            self.hold_quantized(_whole_quantized(tensor, *self.parts))
+            return True
         full = sum(p.full for p in self.parts)
         if tensor.shape[0] != full:
             raise ValueError(f"fused {param_name} has {tensor.shape[0]} rows, expected {full}")
@@ -172,13 +242,21 @@ class Embedding(nn.Module):
         super().__init__()
         self.rows = rows
         self.weight = _empty_param(num_embeddings if rows is None else rows.size, embedding_dim, dtype=dtype)
+        self.quantized: QuantizedWeight | None = None  # set instead of `weight` by a quantized load
 
     def load(self, param_name: str, tensor: CheckpointTensor) -> bool:
         if param_name != "weight":
             raise ValueError(f"checkpoint has an embedding {param_name}")
+        if isinstance(tensor, QuantizedWeight):
+            self.quantized = _whole_quantized(tensor, self.rows)
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+            return True
         tensor = read_whole(tensor) if self.rows is None else read_slice(tensor, 0, self.rows)
         _copy("embedding", self.weight.data, tensor)
         return True
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:  # only the looked-up rows are dequantized
+            rows = dequantize_rows(self.quantized, ids.reshape(-1)).to(self.weight.dtype)
+            return rows.view(*ids.shape, rows.shape[-1])
         return F.embedding(ids, self.weight)

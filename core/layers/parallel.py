@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from .linear import Embedding, Linear, MergedLinear, Slice
 
@@ -120,7 +119,7 @@ class VocabParallelEmbedding(Embedding):
         start, size = self.rows.start, self.rows.size
         outside = (ids < start) | (ids >= start + size)
         local = torch.where(outside, 0, ids - start)
-        out = F.embedding(local, self.weight)
+        out = super().forward(local)
         if self.scale is not None:
             out = out * self.scale
         out = out.masked_fill(outside.unsqueeze(-1), 0)

@@ -5,7 +5,6 @@ The constant is rounded to the model dtype before the product, as transformers d
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .linear import Embedding
 
@@ -22,4 +21,4 @@ class ScaledEmbedding(Embedding):
         self.register_buffer("scale", embedding_scale(scale, dtype), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight) * self.scale
+        return super().forward(ids) * self.scale

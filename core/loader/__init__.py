@@ -19,6 +19,8 @@ from ..backend import SINGLE_SHARD, AttentionSpec, Backend, Communicator, ShardI
 from ..chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
+from ..quant.apply import QuantizeError, check_quantize_source, quantize_model
+from .gguf_packed import GGUFPackedWeights
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
@@ -64,8 +66,10 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
 
 def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoice]:
     """Where the model comes from, its config, and which path runs it; an architecture
-    no path runs raises UnsupportedModelError. Cheap: no weights are read."""
+    no path runs raises UnsupportedModelError, a --quantize the source cannot give a
+    QuantizeError. Cheap: no weights are read."""
     source = resolve_source(model_config)
+    check_quantize_source(model_config.quantize, source.gguf_file if source.load_format != "dummy" else None)
     hf_config = load_config(source, model_config.trust_remote_code)
     return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
 
@@ -76,6 +80,7 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int, sha
     shard's slice (its heads, MLP and vocabulary slices; attention_spec with its head
     counts), collectives through `communicator`; the logits stay [N, vocab] on every shard."""
     source, hf_config, choice = choose_model(model_config)
+    quantize = model_config.quantize
     dtype = torch_dtype(model_config.dtype)
     check_shardable(hf_config, shard.world_size)
     tp = TensorParallel(shard.rank, shard.world_size, communicator) if shard.sharded else TensorParallel()
@@ -84,7 +89,9 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int, sha
     if source.load_format == "dummy":
         fill_dummy_weights(model, model_config.seed, per_name=tp.sharded)
     else:
-        _load_checkpoint(model, source, hf_config, lazy=tp.sharded)
+        _load_checkpoint(model, source, hf_config, lazy=tp.sharded, packed_gguf=quantize == "gguf")
+    if quantize in ("int8", "int4") and quantize_model(model, quantize, head=getattr(model, "lm_head", None)) == 0:
+        raise QuantizeError(f"--quantize {quantize}: model {choice.describe()} has no linear this engine quantizes")
     model.eval()
     specs = tuple(model.attention_specs)
     max_model_len = _max_model_len(model_config, hf_config)
@@ -136,10 +143,15 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
     return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
 
 
-def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy: bool = False) -> None:
+def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy: bool = False,
+                     packed_gguf: bool = False) -> None:
     """lazy: hand the model lazy safetensors tensors, so each shard reads only its slices
-    (a GGUF file read directly, without the converted cache, is dequantized whole)."""
-    if source.kind == "gguf":
+    (a GGUF file read directly, without the converted cache, is dequantized whole).
+    packed_gguf: weight matrices from the GGUF file as its packed blocks (core/quant/gguf.py)."""
+    if packed_gguf:
+        weights = GGUFPackedWeights(source.gguf_file, hf_config)
+        total = len(weights)
+    elif source.kind == "gguf":
         weights: Iterable = GGUFWeights(source.path, hf_config)
         total = len(weights)
     else:

@@ -27,6 +27,9 @@ class ModelSource:
     kind: str  # "safetensors" (a directory) | "gguf" (a file) | "config" (a config.json file) | "named"
     path: str  # for "named": the name in named_configs.NAMED_CONFIGS
     load_format: str  # "safetensors" | "gguf" | "dummy": how the weights are made
+    # The GGUF file the weights come from: `path` itself, or the file a converted directory was
+    # made from (--quantize gguf reads its blocks packed); None for other sources.
+    gguf_file: str | None = None
 
     @property
     def directory(self) -> str:
@@ -133,5 +136,5 @@ def resolve_source(model_config: ModelConfig) -> ModelSource:
 
         with gguf_refusals(path):
             converted = converted_directory(path, model_config.cache_dir or default_cache_root())
-        return ModelSource("safetensors", converted, "safetensors")
-    return ModelSource(kind, path, load_format)
+        return ModelSource("safetensors", converted, "safetensors", gguf_file=path)
+    return ModelSource(kind, path, load_format, gguf_file=path if kind == "gguf" else None)

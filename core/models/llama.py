@@ -199,4 +199,7 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
         """Copy (Hugging Face name, tensor) pairs into the parameters (this shard's slices of
         them); returns the names of the parameters now fully loaded. Unknown names raise."""
-        return load_checkpoint_weights(self, weights, STACKED_PARAMS, self.tie_word_embeddings)
+        loaded = load_checkpoint_weights(self, weights, STACKED_PARAMS, self.tie_word_embeddings)
+        if self.tie_word_embeddings:
+            self.lm_head.tie_quantized(self.model.embed_tokens)
+        return loaded

@@ -1,0 +1,100 @@
+"""Decode step time of the default model with quantized weights on the CPU, against bf16.
+
+    python benchmarks/cpu_quant.py [--concurrency 1 32] [--rounds 3] [--profile]
+
+One EngineCore per weight format (--quantize gguf: the file's own Q4_1/Q8_0 blocks; int4 /
+int8: made at load from the file's dequantized weights; none: bf16 oneDNN-packed), all in
+bfloat16. For each concurrency the formats alternate round by round (gguf, int4, int8, bf16,
+gguf, ...) so a noisy neighbour disturbs them alike; a figure is the median decode-only step
+of a round (benchmarks/cpu_decode_step.py), and the best round is kept. Ratios are against
+bf16. --profile: torch.profiler's top ops of decode steps at concurrency 1 with gguf.
+--forward: instead of engine steps, the model's forward + logits of one decode step alone
+(no scheduler or sampling; min over rounds of the mean of 5 calls), steadier on a busy machine.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+from cpu_decode_step import decode_step_ms
+
+from switchyard.backends.cpu import CpuBackend
+from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.engine import EngineCore
+from switchyard.core.params import SamplingParams
+from switchyard.core.request import Request
+
+FORMATS = ("gguf", "int4", "int8", None)
+
+
+def engine(quantize: str | None, concurrency: int) -> EngineCore:
+    config = EngineConfig(model=ModelConfig(dtype="bfloat16", quantize=quantize), cache=CacheConfig(num_blocks=1024),
+                          scheduler=SchedulerConfig(max_num_seqs=max(concurrency, 1), max_num_batched_tokens=8192))
+    return EngineCore(config, backend=CpuBackend())
+
+
+def forward_ms(core: EngineCore, concurrency: int, context: int, reps: int = 5) -> float:
+    """Mean ms of the model's forward + logits of one decode step of `concurrency` requests."""
+    from switchyard.core.testing.batches import make_meta
+
+    model = core.loaded.model
+    blocks = -(-context // 16) * concurrency + 2
+    meta = make_meta([(1, context)] * concurrency, concurrency, 16, blocks, random.Random(0), torch.device("cpu"))
+    spec = core.loaded.attention_spec
+    kv = core.backend.allocate_kv_cache(core.loaded.num_layers, blocks, spec)
+    ids, positions = torch.full((concurrency,), 1000), torch.full((concurrency,), context - 1)
+    with torch.inference_mode():
+        model.compute_logits(model(ids, positions, kv, meta))
+        start = time.perf_counter()
+        for _ in range(reps):
+            model.compute_logits(model(ids, positions, kv, meta))
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def profile(core: EngineCore, steps: int = 20) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    core.add_request(Request("profile", [random.randrange(1000, 40000) for _ in range(180)], params))
+    for _ in range(4):  # prefill and warm decodes
+        core.step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            core.step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    while core.has_unfinished_requests():
+        core.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--prompt-tokens", type=int, default=180)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--forward", action="store_true", help="time the model's forward alone")
+    args = parser.parse_args()
+    print(f"threads={torch.get_num_threads()} context~{args.prompt_tokens}+{args.new_tokens}")
+    rng = random.Random(0)
+    for concurrency in args.concurrency:
+        engines = {q: engine(q, concurrency) for q in FORMATS}
+        step_args = argparse.Namespace(concurrency=concurrency, prompt_tokens=args.prompt_tokens,
+                                       new_tokens=args.new_tokens)
+        results = {q: [] for q in FORMATS}
+        for _ in range(args.rounds):
+            for q, core in engines.items():
+                results[q].append(forward_ms(core, concurrency, args.prompt_tokens) if args.forward
+                                  else decode_step_ms(core, step_args, rng))
+        base = min(results[None])
+        for q, figures in results.items():
+            rounds = ", ".join(f"{f:.1f}" for f in figures)
+            print(f"c={concurrency:<3} {q or 'bf16':>5}: {min(figures):6.1f} ms/step, bf16 / this {base / min(figures):.2f}"
+                  f" (rounds: {rounds})")
+        if args.profile and concurrency == 1:
+            profile(engines["gguf"])
+        del engines
+
+
+if __name__ == "__main__":
+    main()

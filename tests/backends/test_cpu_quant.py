@@ -1,0 +1,179 @@
+"""Quantized weights on the CPU: the block formats against gguf-py's own dequantization, each
+kernel module against the dequantized reference of the same weights, torch.compile tracing,
+int8/int4 made at load, and the refusals (one line each)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from switchyard.backends.cpu import CpuBackend
+from switchyard.backends.cpu.quant import Int4Linear, Int8Linear, Q8_0Linear, load_q8_0_kernel
+from switchyard.core.capabilities import check_capabilities
+from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
+from switchyard.core.errors import BackendCapabilityError
+from switchyard.core.layers import Linear
+from switchyard.core.loader import load_model
+from switchyard.core.loader.gguf_cache import default_cache_root
+from switchyard.core.quant import BLOCK_BYTES, QuantizedWeight, quantize_int4, quantize_int8
+from switchyard.core.quant.apply import QuantizeError, quantize_model
+from switchyard.core.loader.gguf_packed import unpermute_rows
+
+# The bf16 kernels (int4, int8, and every batch path) round activations and scales to bf16:
+# outputs within 1% of the largest output; the Q8_0 kernel computes in float32.
+BF16_TOL = 1e-2
+
+
+def random_blocks(fmt: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
+    """Random but valid blocks: finite fp16 scales (and mins) of a realistic size."""
+    gen = torch.Generator().manual_seed(seed)
+    nblocks = cols // 32
+    data = torch.randint(0, 256, (rows, nblocks, BLOCK_BYTES[fmt]), dtype=torch.uint8, generator=gen)
+    halves = 2 if fmt == "q4_1" else 1
+    scales = (torch.rand(rows, nblocks, halves, generator=gen) * 0.02 - 0.005).half()
+    data[..., :2 * halves] = scales.view(torch.uint8).reshape(rows, nblocks, 2 * halves)
+    return QuantizedWeight(fmt, (rows, cols), data.reshape(rows, -1).contiguous())
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+def test_dequantize_matches_gguf_py(fmt):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    weight = random_blocks(fmt, 6, 96)
+    expected = dequantize(weight.data.numpy(), GGMLQuantizationType[fmt.upper()])
+    torch.testing.assert_close(weight.dequantize(), torch.from_numpy(np.asarray(expected, dtype=np.float32)))
+
+
+def test_unpermute_rows_matches_transformers():
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rows = np.arange(24 * 3, dtype=np.float32).reshape(24, 3)
+    expected = LlamaTensorProcessor()._reverse_permute_weights(rows, 3, 3)
+    assert np.array_equal(rows[unpermute_rows(24, 3).numpy()], expected)
+
+
+def test_int8_and_int4_round_trip_within_their_step():
+    weight = torch.randn(16, 64)
+    assert (quantize_int8(weight).dequantize() - weight).abs().max() <= weight.abs().max() / 127
+    int4 = quantize_int4(weight)
+    assert int4.format == "q4_1"
+    step = (weight.reshape(16, 2, 32).amax(-1) - weight.reshape(16, 2, 32).amin(-1)) / 15
+    assert ((int4.dequantize() - weight).reshape(16, 2, 32).abs().amax(-1) <= step * 0.51 + 1e-3).all()
+
+
+@pytest.fixture(scope="module")
+def q8_0_ops():
+    build = load_q8_0_kernel(default_cache_root())
+    if not build.available:
+        pytest.skip(f"no Q8_0 kernel here: {build.reason}")
+    return build.ops
+
+
+def _kernel(fmt: str, weight: QuantizedWeight, ops, bias, batch_rows):
+    if fmt == "q8_0":
+        return Q8_0Linear(weight, ops, bias, batch_rows)
+    return (Int8Linear if fmt == "int8" else Int4Linear)(weight, bias, batch_rows)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "int8", "q8_0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,batch_rows", [(1, None), (5, None), (5, 4), (33, 4)])
+def test_kernels_match_the_dequantized_reference(fmt, dtype, rows, batch_rows, q8_0_ops):
+    weight = quantize_int8(torch.randn(72, 160)) if fmt == "int8" else random_blocks(fmt, 72, 160)
+    bias = torch.randn(72).to(dtype)
+    x = torch.randn(rows, 160).to(dtype)
+    with torch.inference_mode():
+        out = _kernel(fmt, weight, q8_0_ops, bias, batch_rows)(x)
+    expected = x.float() @ weight.dequantize().T + bias.float()
+    assert out.shape == (rows, 72) and out.dtype == dtype
+    exact = fmt == "q8_0" and dtype == torch.float32 and (batch_rows is None or rows <= batch_rows)
+    tol = 1e-5 if exact else BF16_TOL
+    assert (out.float() - expected).abs().max() <= tol * expected.abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_kernels_trace_under_torch_compile(fmt, q8_0_ops):
+    module = _kernel(fmt, random_blocks(fmt, 64, 128), q8_0_ops, None, None)
+    x = torch.randn(2, 128)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), module(x))
+
+
+def test_linear_holding_a_quantized_weight_is_its_own_reference():
+    layer = Linear(64, 8)
+    weight = quantize_int4(torch.randn(8, 64))
+    layer.load("weight", weight)
+    assert layer.quantized is weight and layer.weight.numel() == 0
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x), x @ weight.dequantize().T)
+
+
+TINY = ModelConfig(model="llama-tiny", load_format="dummy")
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantize_at_load_runs_the_kernels_and_matches_the_reference(method):
+    """The CPU backend's kernels vs the same quantized weights dequantized in core (Linear's forward)."""
+    from switchyard.core.testing.reference_backend import ReferenceBackend
+
+    backend = CpuBackend()
+    config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy", quantize=method),
+                          cache=CacheConfig(num_blocks=8))
+    loaded = load_model(config.model, backend, block_size=16)
+    reference = load_model(config.model, ReferenceBackend(), block_size=16)
+    assert loaded.model.lm_head.quantized.format == "int8"  # the head is int8 under int4 too
+    backend.prepare_model(loaded, config)
+    kinds = {type(m).__name__ for m in loaded.model.modules()}
+    assert ("Int4Linear" in kinds) == (method == "int4") and "Int8Linear" in kinds and "Linear" not in kinds
+    hidden = torch.randn(5, loaded.hf_config.hidden_size)
+    with torch.inference_mode():
+        out, expected = loaded.model.compute_logits(hidden), reference.model.compute_logits(hidden)
+    assert (out - expected).abs().max() <= BF16_TOL * expected.abs().max()
+
+
+def test_quantize_model_refuses_what_is_not_made_at_load():
+    with pytest.raises(QuantizeError):
+        quantize_model(torch.nn.Linear(2, 2), "gguf")
+
+
+def test_gguf_on_a_model_without_gguf_weights_is_refused():
+    with pytest.raises(QuantizeError, match="--quantize gguf needs a GGUF model file"):
+        load_model(ModelConfig(model="llama-tiny", load_format="dummy", quantize="gguf"), CpuBackend(), 16)
+
+
+def test_refusals_before_loading():
+    caps = CpuBackend().capabilities()
+    assert caps.quantizations == ("int8", "int4", "gguf")
+    with pytest.raises(BackendCapabilityError, match="does not support --quantize awq; it supports: int8, int4, gguf"):
+        check_capabilities("cpu", caps, EngineConfig(model=ModelConfig(quantize="awq")))
+    sharded = EngineConfig(model=ModelConfig(quantize="int8"), parallel=ParallelConfig(tensor_parallel_size=2))
+    with pytest.raises(BackendCapabilityError, match="cannot be combined with --num-shard 2"):
+        check_capabilities("cpu", caps, sharded)
+
+
+def test_embedding_dequantizes_only_the_looked_up_rows():
+    from switchyard.core.layers import Embedding
+
+    table = random_blocks("q8_0", 50, 64)
+    embedding = Embedding(50, 64, dtype=torch.bfloat16)
+    embedding.load("weight", table)
+    assert embedding.quantized is table and embedding.weight.numel() == 0
+    ids = torch.tensor([[3, 49], [0, 3]])
+    expected = torch.nn.functional.embedding(ids, table.dequantize(torch.bfloat16))
+    torch.testing.assert_close(embedding(ids), expected)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["generate", "hi", "--quantize", "awq"], "does not support --quantize awq; it supports: int8, int4, gguf"),
+    (["serve", "--model-id", "llama-tiny", "--load-format", "dummy", "--quantize", "gguf", "--port", "1"],
+     "--quantize gguf needs a GGUF model file"),
+    (["generate", "hi", "--quantize", "int4", "--num-shard", "2"], "cannot be combined with --num-shard 2"),
+])
+def test_cli_refuses_in_one_line(capsys, argv, words):
+    from switchyard.gateway.cli import main
+
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("switchyard: error:")]
+    assert len(errors) == 1 and words in errors[0]
