@@ -119,3 +119,7 @@ class EngineConfig:
     # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
     # None = the backend's own buckets, () = no graphs.
     graph_batch_sizes: tuple[int, ...] | None = None
+    # How `switchyard serve` starts its engine process: "tuned" with the environment its backend
+    # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,
+    # threads bound to cores), "plain" as it was launched (--runtime).
+    runtime: str = "tuned"
