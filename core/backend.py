@@ -44,6 +44,9 @@ class Capabilities:
     preferred_dtype: str = "float32"
     # `--quantize` values this backend runs (e.g. "int8", "int4", "gguf"); others are refused.
     quantizations: tuple[str, ...] = ()
+    # The process runtime its engine process asks for (Backend.process_environment): allocator,
+    # OpenMP runtime, threads; printed by `switchyard backends`. "" = nothing asked.
+    runtime: str = ""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,16 @@ class Backend(ABC):
     @property
     @abstractmethod
     def device(self) -> torch.device: ...
+
+    def process_environment(self, config: EngineConfig) -> dict[str, str]:
+        """Environment variables the engine process must start with to run this backend well
+        (preloaded libraries, OpenMP settings), already merged with the present os.environ so
+        that a user's own values stay. Asked by the engine process (core/engine_process.py)
+        right after it selects the backend, before anything is loaded: when they are not in
+        effect it re-executes itself once with them, and the shard processes it starts inherit
+        them. `config.runtime == "plain"` asks for nothing. Cheap, no device context. The
+        default asks for nothing."""
+        return {}
 
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         """Create the device context for shard.local_rank, and join the process group

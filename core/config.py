@@ -123,3 +123,7 @@ class EngineConfig:
     # (CPU: torch.compile, one graph per bucket of graph_batch_sizes). Off by default so the
     # eager path stays the reference; `switchyard serve` turns it on unless --enforce-eager.
     compile_decode: bool = False
+    # How `switchyard serve` starts its engine process: "tuned" with the environment its backend
+    # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,
+    # threads bound to cores), "plain" as it was launched (--runtime).
+    runtime: str = "tuned"

@@ -10,13 +10,24 @@ If the engine process ends for any reason (a crash, SIGKILL, a shard's ShardTerm
 the client fails every stream in flight with EngineDeadError, stops being ready (/health:
 503) and reports `failure`; the gateway then exits non-zero. The engine process ends when
 told to stop, or by itself when the gateway's end of the pipe closes (the gateway died);
-either way it calls engine.shutdown(), stopping its grammar workers and shards."""
+either way it calls engine.shutdown(), stopping its grammar workers and shards.
+
+The backend's process environment (Backend.process_environment: a preloaded allocator and
+OpenMP runtime, thread settings) takes effect only at a process start, and only the engine
+process knows its backend. So right after it selects the backend, the engine process
+re-executes itself (os.execve: the same pid, the same pipe to the gateway, nothing sent yet)
+with that environment, its start-up arguments handed over in an inherited unlinked file.
+It does so at most once: a re-executed process whose environment still differs logs it and
+serves as it is. The gateway sees one engine process start."""
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
@@ -91,15 +102,26 @@ class _StartArgs:
     log_setup: Callable[[], None] | None
 
 
+RESTARTED_FLAG = "--start-args-fd"  # argv[2] of a re-executed engine process; argv[3] is the fd
+
+
 def main(argv: list[str]) -> None:
     """The engine process: build, warm up, serve until told to stop or the gateway is gone."""
     # Ctrl-C reaches the whole process group: the gateway drains, then stops us itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    channel = PipeChannel(Connection(int(argv[1])))
+    pipe_fd = int(argv[1])
+    restarted = len(argv) > 3 and argv[2] == RESTARTED_FLAG
+    channel = PipeChannel(Connection(pipe_fd))
     try:
-        args = channel.recv(None)
+        args = _read_start_args(int(argv[3])) if restarted else channel.recv(None)
         if args.log_setup is not None:
             args.log_setup()
+        missing = _missing_environment(args.config)
+        if missing and not restarted:
+            _restart_with(missing, pipe_fd, args)
+        if missing:
+            logger.warning("the engine process runs without %s: still not in effect after a restart",
+                           ", ".join(f"{k}={v}" for k, v in missing.items()))
         from .engine_loop import serve_engine
 
         if _check_model(channel, args.config):
@@ -108,6 +130,38 @@ def main(argv: list[str]) -> None:
         pass  # the gateway went away before we started
     finally:
         channel.close()
+
+
+def _missing_environment(config: EngineConfig) -> dict[str, str]:
+    """What of its backend's process environment this process was not started with ({} for
+    a backend that asks for nothing, or one that cannot be selected: _check_model says why)."""
+    from .plugins import select_backend
+
+    try:
+        wanted = select_backend(config.backend).process_environment(config)
+    except Exception:  # noqa: BLE001 - reported by _check_model, as a start-up error
+        return {}
+    return {name: value for name, value in wanted.items() if os.environ.get(name) != value}
+
+
+def _restart_with(environment: dict[str, str], pipe_fd: int, args: _StartArgs) -> None:
+    """Replaces this process by a fresh engine process with `environment` added (never returns)."""
+    logger.info("engine process environment: %s", " ".join(f"{k}={v}" for k, v in sorted(environment.items())))
+    start_args = tempfile.TemporaryFile()  # unlinked: gone once both processes close it
+    pickle.dump(args, start_args)
+    start_args.flush()
+    start_args.seek(0)
+    os.set_inheritable(start_args.fileno(), True)
+    os.set_inheritable(pipe_fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "switchyard.core.engine_process", str(pipe_fd),
+                               RESTARTED_FLAG, str(start_args.fileno())], {**os.environ, **environment})
+
+
+def _read_start_args(fd: int) -> _StartArgs:
+    with os.fdopen(fd, "rb") as start_args:
+        return pickle.load(start_args)
 
 
 def _check_model(channel: PipeChannel, config: EngineConfig) -> bool:

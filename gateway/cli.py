@@ -37,6 +37,11 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         if report.attention_impl:  # what it runs, or would run where usable
             line += f" [{'attention' if report.usable else 'would use'}: {report.attention_impl}]"
         print(line)
+        if report.capabilities is not None:
+            caps = report.capabilities
+            print(f"{'':<9}dtype auto = {caps.preferred_dtype} (of {', '.join(caps.dtypes)})")
+            if caps.runtime:
+                print(f"{'':<9}runtime (serve --runtime tuned): {caps.runtime}")
     return 0
 
 

@@ -109,6 +109,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str])
     for flag, envs, help_text in _SERVE_SWITCHES:
         parser.add_argument(flag, action="store_true", default=_env_default(environ, envs, False, bool),
                             help=f"{help_text} [env: {envs[0]}]")
+    parser.add_argument("--runtime", choices=("tuned", "plain"), default="tuned",
+                        help="tuned: the engine process starts with what its backend asks for (CPU: tcmalloc or "
+                        "jemalloc and Intel OpenMP preloaded, one thread per core, bound; your own LD_PRELOAD and "
+                        "OMP/KMP variables are kept); plain: as launched. `switchyard backends` shows the choice")
 
 
 def _check_supported(args: argparse.Namespace) -> None:
@@ -157,7 +161,7 @@ def engine_config(args: argparse.Namespace):
                               num_compile_workers=args.grammar_workers),
         parallel=ParallelConfig(tensor_parallel_size=args.num_shard, nnodes=args.nnodes, node_rank=args.node_rank,
                                 master_addr=args.master_addr, master_port=args.master_port),
-        backend=args.backend)
+        backend=args.backend, runtime=args.runtime)
 
 
 def _num_blocks_within(max_batch_total_tokens: int, block_size: int) -> int:

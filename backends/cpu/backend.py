@@ -16,6 +16,7 @@ from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .linear import pack_linears, packing_supported
 from .quant import load_q8_0_kernel, pack_quantized
+from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
 from .tuning import choose_single_row_products
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,16 @@ def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
     return None
 
 
+def preferred_dtype(flags: frozenset[str] | None = None) -> str:
+    """bfloat16 where this CPU multiplies it natively (AVX512-BF16 or AMX, runtime.py) and
+    torch's oneDNN can use it; float32 elsewhere (bf16 emulated is slower than float32)."""
+    flags = cpu_flags() if flags is None else flags
+    if prefers_bfloat16(flags) and torch.backends.mkldnn.is_available() and \
+            torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
 class CpuBackend(Backend):
     name = "cpu"
     priority = 0
@@ -86,7 +97,15 @@ class CpuBackend(Backend):
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
                             static_shapes=False, attention_impl=self.attention_impl(),
-                            quantizations=("int8", "int4", "gguf"))
+                            quantizations=("int8", "int4", "gguf"),
+                            preferred_dtype=preferred_dtype(), runtime=this_machine().describe())
+
+    def process_environment(self, config) -> dict[str, str]:
+        """The tuned runtime of runtime.py (allocator, Intel OpenMP, threads, binding when the
+        engine process is the model's only process), merged with the user's environment."""
+        if config.runtime == "plain":
+            return {}
+        return this_machine(config.parallel.sharded).environment(os.environ)
 
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
@@ -103,6 +122,9 @@ class CpuBackend(Backend):
         shares the engine's process (and what it starts later, e.g. grammar workers, would
         inherit the pinning): it runs on the slice the workers leave free."""
         self._local_shards = shard.local_world_size
+        if not shard.sharded:
+            logger.info("cpu runtime: %d torch threads; loaded: %s", torch.get_num_threads(),
+                        ", ".join(loaded_libraries()) or "no OpenMP or allocator library")
         if shard.sharded:
             cores = shard_cores(sorted(os.sched_getaffinity(0)), shard.local_rank, shard.local_world_size)
             if shard.rank != 0:

@@ -62,6 +62,14 @@ def test_dtype_defaults_to_the_backends_choice_and_quantize_reaches_the_engine()
     assert config.model.dtype == "auto" and config.model.quantize == "int8"  # checked by capabilities.py
 
 
+def test_the_engine_process_runs_tuned_unless_plain_is_asked():
+    assert engine_config(_parse()).runtime == "tuned"
+    assert engine_config(_parse(["--runtime", "plain"])).runtime == "plain"
+    with pytest.raises(SystemExit) as exit_info:  # argparse: one usage line, exit 2
+        _parse(["--runtime", "fast"])
+    assert exit_info.value.code == 2
+
+
 @pytest.mark.parametrize("argv", [["--num-shard", "0"], ["--sharded"], ["--cuda-graphs", "one,two"]])
 def test_what_cannot_be_honoured_is_refused(argv):
     with pytest.raises(ValidationError):
