@@ -15,9 +15,8 @@ Compiled artifacts live under `<cache root>/inductor` (inductor's FX-graph cache
 a second start of the same model and settings loads them instead of compiling.
 When a bucket fails to compile, the runner logs why once and every step runs eager.
 
-Measured 2026-12-01 on the 2-core AVX-512 Xeon while three other jobs ran (so only
-rough): default model, bf16, c=1, 128+16 tokens, eager/compiled interleaved, two rounds:
-compiled / eager 0.35 (best round each; the first rounds 0.65). Freezing is required,
+Measured 2026-12-01 on an idle 2-core AVX-512 Xeon (DEFAULT_SIZES): compiled / eager 0.83.
+Freezing is required,
 not a choice: inductor's oneDNN linear lowering takes packed weights only as constants.
 cpp_wrapper is off: not yet measured. Known limit: inductor's FX-graph cache refuses
 graphs whose constants are oneDNN (mkldnn) tensors, which the packed weights are, so a
@@ -42,9 +41,14 @@ from switchyard.core.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
-# Buckets when the configuration names none (EngineConfig.graph_batch_sizes), capped at
-# max_num_seqs: every one costs compile time at the first start.
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
+# Buckets when the configuration names none (EngineConfig.graph_batch_sizes): batch 1 only.
+# Measured on an idle 2-core AVX-512 Xeon (default model, bf16, interleaved, best of 2 rounds):
+# compiled / eager step time 0.83 at c=1 and 0.83 at c=32, at ~30 s of compiling per bucket at
+# every start (the FX-graph cache cannot keep these graphs, see above). A padded bucket runs
+# the bucket's whole batch (c=17 in bucket 32 costs nearly a c=32 step), which loses to eager
+# between buckets, so only batch 1, where the step is pure overhead, compiles by default;
+# `--cuda-graphs 1,8,32` names more.
+DEFAULT_SIZES = (1,)
 
 
 @dataclass(frozen=True)
@@ -70,14 +74,11 @@ def describe(cache_root: str) -> str:
 
 def compile_sizes(max_num_seqs: int, configured: tuple[int, ...] | None) -> tuple[int, ...]:
     """The buckets: the configured sizes (TGI's --cuda-graphs), else DEFAULT_SIZES; none above
-    max_num_seqs, and max_num_seqs itself when it lies between the defaults."""
+    max_num_seqs."""
     top = max(1, max_num_seqs)
     if configured is not None:
         return tuple(sorted({s for s in configured if 0 < s <= top}))
-    sizes = {s for s in DEFAULT_SIZES if s <= top}
-    if top < DEFAULT_SIZES[-1]:
-        sizes.add(top)
-    return tuple(sorted(sizes))
+    return tuple(s for s in DEFAULT_SIZES if s <= top)
 
 
 def use_cache_dir(directory: str) -> None:

@@ -73,8 +73,7 @@ def decode_step(num: int, samples=lambda i: True) -> SchedulerOutput:
 
 
 def test_buckets_come_from_the_configuration_or_the_defaults_within_max_num_seqs():
-    assert compile_sizes(256, None) == (1, 2, 4, 8, 16, 32, 64)
-    assert compile_sizes(6, None) == (1, 2, 4, 6)
+    assert compile_sizes(256, None) == (1,)  # see DEFAULT_SIZES: padding loses to eager on a CPU
     assert compile_sizes(256, (8, 1, 4, 1000, 0)) == (1, 4, 8)
     assert compile_sizes(256, ()) == ()
 
