@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .backend import AttentionMetadata
+from .runner import ModelRunner
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 MAX_CAPTURE_SIZE = 512
@@ -111,3 +112,38 @@ def sampling_rows(scheduled: tuple[ScheduledRequest, ...], logits: torch.Tensor)
         return logits[:len(rows)], request_ids
     index = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
     return logits.index_select(0, index), request_ids
+
+
+class BucketedDecodeRunner(ModelRunner):
+    """A ModelRunner whose decode-only steps run a prepared graph of a bucket (the smallest of
+    `ready_sizes()` that holds them), staged through `self.buffers`; every other step, and
+    every step while no graph is ready, runs the eager ModelRunner.execute. Subclasses
+    prepare the graphs and say how one runs (`run_bucket`)."""
+
+    buffers: DecodeBuffers
+
+    def ready_sizes(self) -> tuple[int, ...]:
+        """The buckets with a graph ready to run, ascending."""
+        raise NotImplementedError
+
+    def run_bucket(self, batch: int) -> torch.Tensor:
+        """Runs the graph of bucket `batch` on the staged buffers: float32 logits [>= batch, vocab]."""
+        raise NotImplementedError
+
+    def graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
+        """The bucket a step runs in, or None when it runs eagerly."""
+        sizes = self.ready_sizes()
+        if not sizes or not decode_only(scheduler_output):
+            return None
+        return bucket_for(len(scheduler_output.scheduled), sizes)
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
+        batch = self.graph_batch_size(scheduler_output)
+        if batch is None:
+            return super().execute(scheduler_output)
+        scheduled = scheduler_output.scheduled
+        self.buffers.stage(scheduled, batch)
+        logits = self.run_bucket(batch)
+        self.last_prompt_logits = {}  # a decode-only step scores no prompt tokens
+        return sampling_rows(scheduled, logits)

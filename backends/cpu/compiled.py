@@ -35,9 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from switchyard.core.backend import Backend
-from switchyard.core.decode_batch import DecodeBuffers, bucket_for, decode_only, sampling_rows
-from switchyard.core.runner import ModelRunner
-from switchyard.core.scheduler_output import SchedulerOutput
+from switchyard.core.decode_batch import BucketedDecodeRunner, DecodeBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +108,7 @@ def _fresh_function(function: types.FunctionType, tag: str) -> types.FunctionTyp
     return types.FunctionType(code, function.__globals__, code.co_name)
 
 
-class CompiledDecodeRunner(ModelRunner):
+class CompiledDecodeRunner(BucketedDecodeRunner):
     """ModelRunner whose decode-only steps run compiled graphs (see the module docstring).
     `disabled_reason`: why it must stay eager (None: compile at warm-up)."""
 
@@ -186,23 +184,12 @@ class CompiledDecodeRunner(ModelRunner):
         model, kv_caches = self.model, self.kv_caches
         return lambda: step(model, input_ids, positions, kv_caches, meta)
 
-    def graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
-        """The bucket a step runs in, or None when it runs eagerly."""
-        if not self._graphs or not decode_only(scheduler_output):
-            return None
-        return bucket_for(len(scheduler_output.scheduled), self.compiled_sizes)
+    def ready_sizes(self) -> tuple[int, ...]:
+        return self.compiled_sizes
 
-    @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
-        batch = self.graph_batch_size(scheduler_output)
-        if batch is None:
-            return super().execute(scheduler_output)
-        scheduled = scheduler_output.scheduled
-        self.buffers.stage(scheduled, batch)
-        logits = self._graphs[batch]()
+    def run_bucket(self, batch: int) -> torch.Tensor:
         self.num_compiled_steps += 1
-        self.last_prompt_logits = {}
-        return sampling_rows(scheduled, logits)
+        return self._graphs[batch]()
 
 
 def _first_line(error: BaseException) -> str:

@@ -21,10 +21,8 @@ import logging
 import torch
 
 from switchyard.core.backend import Backend
-from switchyard.core.decode_batch import DecodeBuffers, bucket_for, capture_sizes, decode_only, sampling_rows
+from switchyard.core.decode_batch import BucketedDecodeRunner, DecodeBuffers, capture_sizes
 from switchyard.core.layers import PagedAttention
-from switchyard.core.runner import ModelRunner
-from switchyard.core.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +34,7 @@ def graph_unsafe_kernels(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
-class CudaGraphRunner(ModelRunner):
+class CudaGraphRunner(BucketedDecodeRunner):
     """ModelRunner that replays captured graphs for decode-only steps (see the module docstring).
 
     `device_ops` holds the device calls (backends/cuda/device.py); tests pass a fake."""
@@ -90,19 +88,10 @@ class CudaGraphRunner(ModelRunner):
 
         return run
 
-    def graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
-        """The bucket a step replays, or None when it runs eagerly."""
-        if not self.graphs or not decode_only(scheduler_output):
-            return None
-        return bucket_for(len(scheduler_output.scheduled), self.sizes)
+    def ready_sizes(self) -> tuple[int, ...]:
+        return self.sizes if self.graphs else ()
 
-    @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
-        batch = self.graph_batch_size(scheduler_output)
-        if batch is None:
-            return super().execute(scheduler_output)
-        scheduled = scheduler_output.scheduled
-        self.buffers.stage(scheduled, batch)
+    def run_bucket(self, batch: int) -> torch.Tensor:
         self.graphs[batch].replay()
         self.num_replays += 1
-        return sampling_rows(scheduled, self.logits)
+        return self.logits

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cuda_fakes import CpuCudaBackend, FakeDevice, generate, make_engine
-from switchyard.backends.cuda.graphs import bucket_for, capture_sizes
+from switchyard.core.decode_batch import bucket_for, capture_sizes
 from switchyard.core.ops import ReferenceAttentionKernel
 from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
