@@ -27,6 +27,7 @@ from ..quant.weight import QuantizedWeight, dequantize_rows
 
 logger = logging.getLogger(__name__)
 
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            single_row_matvec: bool | None = None) -> torch.Tensor:
     """F.linear, except that a single row may go through matrix-vector multiplication.
