@@ -134,9 +134,12 @@ def _first_error_line(text: str) -> str:
 
 
 @cache
-def build_extension(cache_root: str, source: str, what: str, fallback: str) -> ExtensionBuild:
+def build_extension(cache_root: str, source: str, what: str, fallback: str,
+                    op_names: tuple[str, ...]) -> ExtensionBuild:
     """Builds (or reuses) the extension of `source` under `cache_root`, once per process; never
-    raises. what / fallback: the kernel and the path taken without it, for the log lines."""
+    raises. what / fallback: the kernel and the path taken without it, for the log lines;
+    op_names: the ops it must register (a binary that loads without them is unavailable, as
+    happens under another torch's ABI)."""
     name = build_name(source, cache_root)
     directory = build_directory(cache_root, name)
     missing = _missing_tools()
@@ -149,6 +152,8 @@ def build_extension(cache_root: str, source: str, what: str, fallback: str) -> E
     try:
         os.makedirs(directory, exist_ok=True)
         ops = _compile(name, source, directory)
+        for op_name in op_names:
+            getattr(ops, op_name)  # raises AttributeError when the binary did not register it
     except Exception as error:  # a compiler error, a missing header, an unloadable binary
         reason = f"build failed ({type(error).__name__}: {_first_error_line(str(error))})"
         logger.warning("%s: %s, %s; build directory %s", what, fallback, reason, directory)
@@ -160,7 +165,7 @@ def build_extension(cache_root: str, source: str, what: str, fallback: str) -> E
 
 def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
     """The in-place decode-attention kernel (the gather path without it)."""
-    build = build_extension(cache_root, source, "CPU decode attention", "gather path")
+    build = build_extension(cache_root, source, "CPU decode attention", "gather path", ("paged_decode",))
     return PagedDecodeBuild(build.ops.paged_decode if build.available else None, build.reason, build.directory,
                             build.seconds, build.cache_hit)
 

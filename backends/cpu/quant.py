@@ -126,7 +126,7 @@ _FAKES: set[str] = set()
 
 def load_q8_0_kernel(cache_root: str, source: str = Q8_0_SOURCE) -> ExtensionBuild:
     """Builds (or reuses) the Q8_0 matmul and registers its fake implementation (torch.compile)."""
-    build = build_extension(cache_root, source, "CPU Q8_0 matmul", "Q8_0 weights dequantized")
+    build = build_extension(cache_root, source, "CPU Q8_0 matmul", "Q8_0 weights dequantized", ("q8_0_mm",))
     if build.available and build.name not in _FAKES:
         @torch.library.register_fake(f"{build.name}::q8_0_mm")
         def _fake(x, blocks, out_features):

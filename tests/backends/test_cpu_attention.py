@@ -316,6 +316,16 @@ def test_failed_build_falls_back_to_the_gather_path(tmp_path, caplog):
     torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
 
 
+def test_a_binary_without_the_kernel_op_falls_back_to_the_gather_path(tmp_path):
+    """It compiles and loads but registers no paged_decode (as under another torch's ABI)."""
+    empty = tmp_path / "no_ops.cpp"
+    empty.write_text("int switchyard_nothing_here() { return 0; }\n")
+    decode = PagedDecode()
+    build = decode.load(str(tmp_path / "cache"), str(empty))
+    assert not build.available and decode.op is None and decode.op_name is None
+    assert build.reason.startswith("build failed (AttributeError") and "paged_decode" in build.reason
+
+
 def test_no_compiler_means_the_gather_path(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     decode = PagedDecode()
