@@ -49,6 +49,9 @@ def test_wheel_holds_the_namespaced_packages_and_entry_points(tmp_path):
     for module in ["switchyard/core/engine.py", "switchyard/core/kv/block_pool.py", "switchyard/gateway/cli.py",
                    "switchyard/backends/cpu/attention.py", "switchyard/backends/cuda/__init__.py"]:
         assert module in names
+    csrc = os.path.join(ROOT, "backends", "cpu", "csrc")
+    for source in os.listdir(csrc):  # the C++ kernels compile at first use, headers included
+        assert f"switchyard/backends/cpu/csrc/{source}" in names
     assert "[switchyard.backends]" in entry_points and "cpu = switchyard.backends.cpu:CpuBackend" in entry_points
     assert "switchyard = switchyard.gateway.cli:main" in entry_points
     # Imported from the unpacked wheel alone (-S: no site-packages, so not the editable copy).
