@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
+
+
+class StderrHandler(logging.StreamHandler):
+    """A StreamHandler that writes to whatever sys.stderr is when a record is emitted (as
+    logging's own last-resort handler does), not to the stream sys.stderr was when the handler
+    was made: a process that replaces sys.stderr (a test's capture, a daemon's redirect) never
+    leaves the handler writing to a closed file."""
+
+    def __init__(self, level: int = logging.NOTSET):
+        logging.Handler.__init__(self, level)
+
+    @property
+    def stream(self):
+        return sys.stderr
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,7 +46,7 @@ def _formatter(json_output: bool) -> dict:
 
 
 def configure_logging(json_output: bool, level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler()
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if json_output else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -44,7 +59,7 @@ def uvicorn_log_config(json_output: bool) -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"default": _formatter(json_output)},
-        "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "default"}},
+        "handlers": {"default": {"class": "switchyard.gateway.logs.StderrHandler", "formatter": "default"}},
         "loggers": {
             "uvicorn": {"handlers": ["default"], "level": "INFO", "propagate": False},
             "uvicorn.error": {"level": "INFO"},
