@@ -1,13 +1,14 @@
-"""Decode step time of the default model with quantized weights on the CPU, against bf16.
+"""Decode step time of the default model with quantized weights on the CPU, against float.
 
-    python benchmarks/cpu_quant.py [--concurrency 1 32] [--rounds 3] [--profile]
+    python benchmarks/cpu_quant.py [--concurrency 1 32] [--rounds 3] [--profile] [--dtype D]
 
 One EngineCore per weight format (--quantize gguf: the file's own Q4_1/Q8_0 blocks; int4 /
-int8: made at load from the file's dequantized weights; none: bf16 oneDNN-packed), all in
-bfloat16. For each concurrency the formats alternate round by round (gguf, int4, int8, bf16,
+int8: made at load from the file's dequantized weights; none: oneDNN-packed float), all in
+--dtype (default auto: what `switchyard serve` picks here, bf16 on AVX512-BF16/AMX CPUs,
+float32 elsewhere). For each concurrency the formats alternate round by round (gguf, int4, int8, float,
 gguf, ...) so a noisy neighbour disturbs them alike; a figure is the median decode-only step
 of a round (benchmarks/cpu_decode_step.py), and the best round is kept. Ratios are against
-bf16. --profile: torch.profiler's top ops of decode steps at concurrency 1 with gguf.
+the float weights. --profile: torch.profiler's top ops of decode steps at concurrency 1 with gguf.
 --forward: instead of engine steps, the model's forward + logits of one decode step alone
 (no scheduler or sampling; min over rounds of the mean of 5 calls), steadier on a busy machine.
 """
@@ -29,8 +30,8 @@ from switchyard.core.request import Request
 FORMATS = ("gguf", "int4", "int8", None)
 
 
-def engine(quantize: str | None, concurrency: int) -> EngineCore:
-    config = EngineConfig(model=ModelConfig(dtype="bfloat16", quantize=quantize), cache=CacheConfig(num_blocks=1024),
+def engine(quantize: str | None, concurrency: int, dtype: str) -> EngineCore:
+    config = EngineConfig(model=ModelConfig(dtype=dtype, quantize=quantize), cache=CacheConfig(num_blocks=1024),
                           scheduler=SchedulerConfig(max_num_seqs=max(concurrency, 1), max_num_batched_tokens=8192))
     return EngineCore(config, backend=CpuBackend())
 
@@ -74,11 +75,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--forward", action="store_true", help="time the model's forward alone")
+    parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     print(f"threads={torch.get_num_threads()} context~{args.prompt_tokens}+{args.new_tokens}")
     rng = random.Random(0)
     for concurrency in args.concurrency:
-        engines = {q: engine(q, concurrency) for q in FORMATS}
+        engines = {q: engine(q, concurrency, args.dtype) for q in FORMATS}
         step_args = argparse.Namespace(concurrency=concurrency, prompt_tokens=args.prompt_tokens,
                                        new_tokens=args.new_tokens)
         results = {q: [] for q in FORMATS}
@@ -89,7 +91,8 @@ def main() -> None:
         base = min(results[None])
         for q, figures in results.items():
             rounds = ", ".join(f"{f:.1f}" for f in figures)
-            print(f"c={concurrency:<3} {q or 'bf16':>5}: {min(figures):6.1f} ms/step, bf16 / this {base / min(figures):.2f}"
+            print(f"c={concurrency:<3} {q or 'float':>5}: {min(figures):6.1f} ms/step, "
+                  f"float / this {base / min(figures):.2f}"
                   f" (rounds: {rounds})")
         if args.profile and concurrency == 1:
             profile(engines["gguf"])

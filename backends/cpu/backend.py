@@ -14,8 +14,9 @@ from .attention import CpuAttentionKernel, StepPlanCache
 from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
 from .compiled import describe as describe_compiled
 from .extension import PagedDecode
+from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
 from .linear import pack_linears, packing_supported
-from .quant import load_q8_0_kernel, pack_quantized
+from .quant import load_block_kernel, pack_quantized
 from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
 from .tuning import choose_single_row_products
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 IN_PLACE_MAX_DECODES = None
 
 # Quantized linears take batches of more rows than this through a bf16 oneDNN copy (quant.py).
-QUANTIZED_BATCH_ROWS = 4
+QUANTIZED_BATCH_ROWS = 16
 
 GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "
                "short bf16 ones as one batched matmul; one call per prompt chunk)")
@@ -80,13 +81,16 @@ class CpuBackend(Backend):
     priority = 0
     dist_backend = "gloo"
 
-    def __init__(self, pack_weights: bool = True, in_place_decode: bool = True) -> None:
+    def __init__(self, pack_weights: bool = True, in_place_decode: bool = True, fused_decode: bool = True) -> None:
         self._plans = StepPlanCache()  # shared by every layer's kernel: one plan per step
         # Decode attention in place (C++, built at warm-up); in_place_decode=False forces the gather path.
         self._decode = PagedDecode(enabled=in_place_decode, max_decodes=IN_PLACE_MAX_DECODES)
         # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
         self.pack_weights = pack_weights and packing_supported()
         self._local_shards = 1  # shards of one model on this machine share its memory
+        # Decode-only steps of Llama-layout models through the C++ layers (fused_decode.py) when
+        # the engine asks for prepared decode steps (EngineConfig.compile_decode); False: compiled graphs.
+        self.fused_decode = fused_decode
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -148,20 +152,28 @@ class CpuBackend(Backend):
         for oneDNN (linear.py), then tells the remaining linears how this CPU multiplies a
         single row (tuning.py). The plain runner runs the result."""
         if config.model.quantize is not None:
-            q8_0 = load_q8_0_kernel(_cache_root(config.model.cache_dir))
-            pack_quantized(loaded.model, q8_0, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
+            blocks = load_block_kernel(_cache_root(config.model.cache_dir))
+            pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
         if self.pack_weights:
             pack_linears(loaded.model)
         choose_single_row_products(loaded.model)
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
         """Once the in-place decode kernel is built or reused (extension.py; the gather path, with
-        its reason logged, if it cannot be): the plain runner, or with `config.compile_decode` the
-        runner of compiled decode graphs (compiled.py), compiled here, at warm-up."""
+        its reason logged, if it cannot be): the plain runner, or with `config.compile_decode`
+        the runner whose decode-only steps run every layer in C++ (fused_decode.py) when the
+        model declares the Llama decoder layout, else the runner of decode graphs compiled here,
+        at warm-up (compiled.py)."""
         cache_root = _cache_root(config.model.cache_dir)
         self._decode.load(cache_root)
         if not config.compile_decode:
             return super().make_runner(loaded, kv_caches, config)
+        fused = self._fused_program(loaded, config, cache_root)
+        if not isinstance(fused, str):
+            logger.info("CPU decode steps: every layer in C++ (fused decode layers)")
+            return FusedDecodeRunner(loaded.model, self, kv_caches, config.cache.block_size,
+                                     loaded.model.decoder_layout(), fused)
+        logger.info("CPU fused decode layers off (%s): decode steps compiled instead", fused)
         runner = CompiledDecodeRunner(
             loaded.model, self, kv_caches, config.cache.block_size,
             sizes=compile_sizes(config.scheduler.max_num_seqs, config.graph_batch_sizes),
@@ -169,6 +181,16 @@ class CpuBackend(Backend):
             disabled_reason=self._cannot_compile(config))
         runner.compile()
         return runner
+
+    def _fused_program(self, loaded, config, cache_root: str):
+        """The model's fused decode program (fused_decode.py), or why it has none."""
+        if not self.fused_decode:
+            return "switched off"
+        if self._decode.op is None:
+            return "the in-place decode kernel is not loaded"
+        if config.parallel.sharded:
+            return "tensor-parallel shards"
+        return fused_program(loaded.model.decoder_layout(), load_decode_layers(cache_root), loaded.dtype)
 
     def _cannot_compile(self, config) -> str | None:
         """Why decode steps cannot be compiled here, or None."""

@@ -4,23 +4,32 @@ prepare_model swaps every core Linear that holds a QuantizedWeight (core/quant) 
 these; each has Linear's contract (x [N, in] -> [N, out], float32 or bfloat16 in and out) and
 traces under torch.compile (aten ops; the C++ op has a fake implementation).
 
-- q4_0 / q4_1 (GGUF, and what --quantize int4 makes): torch's int4 CPU kernel
-  (`_weight_int4pack_mm_for_cpu`, groups of 32), which dequantizes w = (q - 8) * scale + zero:
-  q4_1's w = d*q + m is scale d, zero m + 8d; q4_0's w = d*(q - 8) is scale d, zero 0.
+- q4_0 / q4_1 / q8_0 (GGUF, and the q4_1 blocks --quantize int4 makes): `BlockLinear`,
+  csrc/block_matmul.cpp over the weight repacked once into 16-row tiles (block_pack.py; still
+  4 or 8 bits a weight), multiplied in integers (AVX512-VNNI) against activations rounded to
+  int8 per 32 values (llama.cpp's scheme; that rounding is the one difference from the
+  dequantized reference: outputs within ~1% of the largest). On a CPU without AVX512-VNNI,
+  or without a compiler, q4 weights go through torch's int4 CPU kernel (`Int4Linear`,
+  `_weight_int4pack_mm_for_cpu`, groups of 32), which dequantizes w = (q - 8) * scale + zero:
+  q4_1's w = d*q + m is scale d, zero m + 8d; q4_0's w = d*(q - 8) is scale d, zero 0; and
+  q8_0 weights are dequantized, with the reason logged.
 - int8 (per output channel): `_weight_int8pack_mm`.
-- q8_0 (GGUF; the default model's tied embedding/lm_head): csrc/q8_0_matmul.cpp, blocks as the
-  file has them. Without a compiler the weight is dequantized, with the reason logged.
 Both torch kernels run in bfloat16 (scales in bf16; float32 activations are cast for the
 call): their float32 versions were 70x (int4) and 10x (int8) slower here at one row.
+Idle 2-core AMX Xeon, every linear of the default model's 30 layers in Q4_1 (one call each,
+bf16 rows; benchmarks/cpu_quant.py --kernels): block kernel / torch int4 at 1 row 2.05 / 3.79
+ms, 4 rows 2.98 / 6.44, 16 rows 9.76 / 21.3; packed bf16 11.6 ms at 16 rows, 14.6 at 32 rows,
+where the block kernel takes 16.6 (it is compute-bound there, bf16 oneDNN uses AMX).
 
 Batches of more than `batch_rows` rows go through a oneDNN-packed bf16 copy of the
-dequantized weight instead: torch's int4/int8 CPU kernels do not tile over rows (32 rows
-of the default model's linears: int4 7x, int8 4x slower than packed bf16 on an AMX Xeon).
+dequantized weight instead (the measurements above; torch's int4/int8 CPU kernels do not tile
+over rows: 32 rows of the default model's linears, int4 7x, int8 4x slower than packed bf16).
 That copy costs 2 bytes per weight on top of the packed ones; batch_rows=None keeps none.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -28,7 +37,8 @@ from torch import nn
 from switchyard.core.layers import Linear
 from switchyard.core.quant import BLOCK, BLOCK_BYTES, QuantizedWeight
 
-from .extension import Q8_0_SOURCE, ExtensionBuild, build_extension
+from .block_pack import BITS, pack_blocks
+from .extension import BLOCK_SOURCE, ExtensionBuild, build_extension
 from .linear import PackedLinear, packable_dtypes
 
 logger = logging.getLogger(__name__)
@@ -109,60 +119,69 @@ class Int8Linear(QuantizedLinear):
         return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
 
 
-class Q8_0Linear(QuantizedLinear):
-    """`ops`: the loaded q8_0_matmul extension's namespace (fake implementation registered)."""
+class BlockLinear(QuantizedLinear):
+    """A q4_0 / q4_1 / q8_0 weight repacked into csrc/block_matmul.cpp's tiles (block_pack.py).
+    `ops`: the loaded extension's namespace (fake implementation registered)."""
 
     def __init__(self, weight: QuantizedWeight, ops, bias: torch.Tensor | None = None, batch_rows: int | None = None):
         super().__init__(weight, bias, batch_rows)
-        self.register_buffer("blocks", weight.data.contiguous(), persistent=False)
+        packed = pack_blocks(weight)
+        self.register_buffer("packed", packed.data, persistent=False)
+        self.bits = packed.bits
         self.ops = ops
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.q8_0_mm(x, self.blocks, self.out_features)
+        return self.ops.block_mm(x, self.packed, self.out_features, self.bits)
 
 
 _FAKES: set[str] = set()
 
 
-def load_q8_0_kernel(cache_root: str, source: str = Q8_0_SOURCE) -> ExtensionBuild:
-    """Builds (or reuses) the Q8_0 matmul and registers its fake implementation (torch.compile)."""
-    build = build_extension(cache_root, source, "CPU Q8_0 matmul", "Q8_0 weights dequantized", ("q8_0_mm",))
+def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE) -> ExtensionBuild:
+    """Builds (or reuses) the block-format matmul and registers its fake implementation (torch.compile)."""
+    build = build_extension(cache_root, source, "CPU block-format matmul",
+                            "q4 weights through torch's int4 kernel, q8_0 dequantized", ("block_mm",))
     if build.available and build.name not in _FAKES:
-        @torch.library.register_fake(f"{build.name}::q8_0_mm")
-        def _fake(x, blocks, out_features):
+        @torch.library.register_fake(f"{build.name}::block_mm")
+        def _fake(x, packed, out_features, bits):
             return x.new_empty((x.shape[0], out_features))
         _FAKES.add(build.name)
     return build
 
 
-def kernel_module(weight: QuantizedWeight, bias: torch.Tensor | None, q8_0_ops, batch_rows: int | None) -> nn.Module | None:
+def kernel_module(weight: QuantizedWeight, bias: torch.Tensor | None, block_ops,
+                  batch_rows: int | None) -> nn.Module | None:
     """The kernel module of one weight, or None when this CPU has none for its format."""
+    if weight.format in BITS and block_ops is not None:
+        return BlockLinear(weight, block_ops, bias, batch_rows)
     if weight.format in INT4_FORMATS:
         return Int4Linear(weight, bias, batch_rows)
     if weight.format == "int8":
         return Int8Linear(weight, bias, batch_rows)
-    if weight.format == "q8_0" and q8_0_ops is not None:
-        return Q8_0Linear(weight, q8_0_ops, bias, batch_rows)
     return None
 
 
 @torch.inference_mode()
-def pack_quantized(model: nn.Module, q8_0: ExtensionBuild | None, batch_rows: int | None) -> int:
+def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: int | None) -> int:
     """Replaces every Linear that holds a QuantizedWeight by its kernel module (returns how
     many); a weight with no kernel here is dequantized into the Linear's float weight (which
     pack_linears then packs), with one logged reason per format."""
-    q8_0_ops = q8_0.ops if q8_0 is not None and q8_0.available else None
+    block_ops = blocks.ops if blocks is not None and blocks.available else None
+    if block_ops is not None and block_ops.block_mm_isa() != "avx512-vnni":
+        # the portable loop is for correctness, not speed: torch's int4 kernel and a float
+        # q8_0 weight are faster than it
+        block_ops, blocks = None, replace(blocks, ops=None, reason="the block kernel needs AVX512-VNNI")
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, Linear) and module.quantized is not None]
     dequantized: set[str] = set()
     for name, module in targets:
         weight, bias = module.quantized, None if module.bias is None else module.bias.detach()
-        kernel = kernel_module(weight, bias, q8_0_ops, batch_rows)
+        kernel = kernel_module(weight, bias, block_ops, batch_rows)
         if kernel is None:
             module.weight = nn.Parameter(weight.dequantize(module.weight.dtype), requires_grad=False)
             module.quantized = None
             if weight.format not in dequantized:
-                reason = q8_0.reason if weight.format == "q8_0" and q8_0 is not None else "no CPU kernel"
+                reason = blocks.reason if blocks is not None and blocks.reason else "no CPU kernel"
                 logger.warning("%s weights dequantized to %s: %s", weight.format, module.weight.dtype, reason)
                 dequantized.add(weight.format)
             continue

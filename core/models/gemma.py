@@ -177,6 +177,10 @@ class GemmaForCausalLM(nn.Module):
         """input_ids, positions [T] -> hidden states [T, hidden_size] (model dtype)."""
         return self.model(input_ids, positions, kv_caches, meta)
 
+    def decoder_layout(self) -> None:
+        """Not the Llama decoder shape of core/models/layout.py: backends run its layers as written."""
+        return None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 [N, vocab], soft-capped when the config says so."""
         logits = self.tp.gather_logits(self.lm_head(hidden), self.config.vocab_size).float()

@@ -21,6 +21,7 @@ from ..layers import PagedAttention, RMSNorm, RotaryEmbedding, SiluAndMul, apply
 from ..layers.parallel import (NO_TP, TensorParallel, merged_column_parallel, parallel_embedding,
                                parallel_lm_head, row_parallel)
 from ..layers.rotary import apply_partial_rotary, rotary_dim
+from .layout import DecoderLayout, LayerParts
 from .sharding import AttentionShard
 from .weights import load_checkpoint_weights
 
@@ -190,6 +191,21 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden_size] (model dtype)."""
         return self.model(input_ids, positions, kv_caches, meta)
+
+    def decoder_layout(self) -> DecoderLayout | None:
+        """This model's decoder as core/models/layout.py declares it, or None when it is not
+        exactly that shape (tensor-parallel shards, mixture-of-experts layers)."""
+        model, spec = self.model, self.attention_specs[0]
+        if self.tp.world_size > 1 or any(type(layer.mlp) is not LlamaMLP for layer in model.layers):
+            return None
+        layers = tuple(LayerParts(layer.input_layernorm, layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                  layer.post_attention_layernorm, layer.mlp.gate_up_proj, layer.mlp.down_proj,
+                                  layer.self_attn.q_norm, layer.self_attn.k_norm, s.sliding_window)
+                       for layer, s in zip(model.layers, self.attention_specs, strict=True))
+        return DecoderLayout(model.embed_tokens, model.rotary_emb, layers, model.norm, self.config.hidden_size,
+                             spec.num_heads,
+                             spec.num_kv_heads, spec.head_dim, rotary_dim(self.config, spec.head_dim),
+                             model.norm.eps, spec.scale, spec.soft_cap)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] (select the rows you need first) -> float32 [N, vocab]

@@ -229,6 +229,10 @@ class TransformersForCausalLM(nn.Module):
             self._step.kv_caches = self._step.meta = None
         return out[0][0]
 
+    def decoder_layout(self) -> None:
+        """Not the Llama decoder shape of core/models/layout.py: backends run its layers as written."""
+        return None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 [N, vocab], as the CausalLM head computes them."""
         return self._transform_logits(self.hf.get_output_embeddings()(hidden)).float()

@@ -31,7 +31,7 @@ def make_engine(cache_root, dtype="float32", compile_decode=True, sizes=(2, 4), 
         cache=CacheConfig(block_size=4, num_blocks=64),
         scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
         compile_decode=compile_decode, graph_batch_sizes=sizes)
-    return EngineCore(config, backend=backend or CpuBackend())
+    return EngineCore(config, backend=backend or CpuBackend(fused_decode=False))
 
 
 def generate(engine, decode_sizes: list | None = None):
@@ -146,7 +146,7 @@ def test_a_failed_compilation_runs_eager_and_says_why(cache_root, eager, monkeyp
 
 def test_without_the_in_place_kernel_nothing_is_compiled(cache_root, caplog):
     with caplog.at_level(logging.INFO, logger=compiled_module.__name__):
-        runner = make_engine(cache_root, backend=CpuBackend(in_place_decode=False)).runner
+        runner = make_engine(cache_root, backend=CpuBackend(in_place_decode=False, fused_decode=False)).runner
     assert runner.disabled_reason == "the in-place decode kernel is switched off" and runner.compiled_sizes == ()
     assert "CPU decode graphs off: the in-place decode kernel is switched off" in caplog.text
 

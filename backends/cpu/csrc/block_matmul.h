@@ -1,0 +1,230 @@
+#pragma once
+// x @ W^T with W in ggml's block formats (q4_0, q4_1, q8_0), multiplied in integers without
+// dequantizing W, as llama.cpp's CPU backend does with its repacked ("interleaved") formats.
+//
+// W is repacked once at load (backends/cpu/block_pack.py; the one description of the layout)
+// into tiles of 16 output rows. Tile t, block b (weights 32b..32b+31 of the tile's 16 rows) is
+// one record of 64 + P bytes:
+//   fp16 d[16], fp16 c[16]      every weight of row r in the block is w = d[r] * u + c[r]
+//   P payload bytes of u        u unsigned: 4 bits (P = 256) or 8 bits (P = 512)
+// q4_1 is u = q, c = m; q4_0 is u = q, c = -8d; q8_0 is u = q + 128, c = -128d: one kernel.
+// The payload is 8 chunks of 16 int32 lanes, lane r of chunk j holding row r's u for the 4
+// weights 4j..4j+3 of the block; 4-bit payloads keep chunks 2g (low nibbles) and 2g+1 (high
+// nibbles) in one 64-byte group g. A record's tiles follow each other: tile t is the bytes
+// [t * blocks * record, (t + 1) * blocks * record).
+//
+// x [M, K] (float32 or bfloat16) is first rounded per 32 values to int8 qa with scale
+// e = max|x| / 127 (llama.cpp's q8_0 activations), and s = e * sum(qa) per block. Then
+//   out[m, n] = sum_b  d e_b * sum_k(u qa)  +  c s_b
+// where sum_k(u qa) is 8 vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
+// activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
+// group of kRowsPerTile input rows. Work is split over tiles with at::parallel_for (built with
+// -fopenmp). Without AVX512-VNNI a portable loop does the same arithmetic.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+// SY_BLOCK_PORTABLE (tests) builds the portable loop on any CPU.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__) && \
+    !defined(SY_BLOCK_PORTABLE)
+#define SY_BLOCK_VNNI 1
+#endif
+
+namespace {
+namespace blocks {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kHeader = 64;
+constexpr int64_t kRowsPerTile = 4;  // input rows whose accumulators stay in registers
+
+int64_t record_bytes(int64_t bits) { return kHeader + (bits == 4 ? 256 : 512); }
+
+inline float half_to_float(uint16_t bits) { return c10::detail::fp16_ieee_to_fp32_value(bits); }
+
+// The activations in blocks: qa int8 [M, K], e [M, K/32], s = e * sum(qa) [M, K/32].
+struct QuantizedInput {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<float> scaled_sum;
+};
+
+template <typename T>
+void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out) {
+  float x[kBlock];
+  for (int64_t j = 0; j < kBlock; ++j) x[j] = static_cast<float>(v[j]);
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float e = amax / 127.0f;
+  const float inverse = e > 0.0f ? 1.0f / e : 0.0f;
+  int32_t sum = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inverse));
+    sum += q[j];
+  }
+  *e_out = e;
+  *s_out = e * static_cast<float>(sum);
+}
+
+template <typename T>
+QuantizedInput quantize_input(const T* x, int64_t M, int64_t K) {
+  const int64_t blocks = M * (K / kBlock);
+  QuantizedInput in{std::vector<int8_t>(M * K), std::vector<float>(blocks), std::vector<float>(blocks)};
+  at::parallel_for(0, blocks, 512, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)  // block i of the flattened [M, K] (K is a multiple of 32)
+      quantize_block(x + i * kBlock, in.q.data() + i * kBlock, &in.scale[i], &in.scaled_sum[i]);
+  });
+  return in;
+}
+
+template <typename T>
+inline void store_row(T* out, const float* values, int64_t count) {
+  for (int64_t r = 0; r < count; ++r) out[r] = static_cast<T>(values[r]);
+}
+
+#if defined(SY_BLOCK_VNNI)
+// The 8 chunks of one record's payload as u8 lanes (chunk j pairs with activation group j).
+template <int64_t Bits>
+inline void unpack(const uint8_t* payload, __m512i w[8]) {
+  if constexpr (Bits == 8) {
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(payload + 64 * j);
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i v = _mm512_loadu_si512(payload + 64 * g);
+      w[2 * g] = _mm512_and_si512(v, low);
+      w[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+  }
+}
+
+template <int64_t Bits, typename T>
+void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
+           int64_t t_begin, int64_t t_end) {
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits);
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint8_t* tile = packed + t * blocks * record;
+    const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
+      const int64_t rows = std::min(kRowsPerTile, M - m0);
+      __m512 acc[kRowsPerTile];
+      for (int64_t m = 0; m < kRowsPerTile; ++m) acc[m] = _mm512_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* rec = tile + b * record;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+        const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+        __m512i w[8];
+        unpack<Bits>(rec + kHeader, w);
+        for (int64_t m = 0; m < rows; ++m) {
+          const int64_t at = (m0 + m) * blocks + b;
+          const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
+          __m512i dot = _mm512_setzero_si512();
+          for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
+          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(in.scale[at])), acc[m]);
+          acc[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(in.scaled_sum[at]), acc[m]);
+        }
+      }
+      for (int64_t m = 0; m < rows; ++m) {
+        alignas(64) float values[kTileRows];
+        _mm512_store_ps(values, acc[m]);
+        store_row(out + (m0 + m) * N + t * kTileRows, values, rows_here);
+      }
+    }
+  }
+}
+#else
+template <int64_t Bits, typename T>
+void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
+           int64_t t_begin, int64_t t_end) {
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits);
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint8_t* tile = packed + t * blocks * record;
+    const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc[kTileRows] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* rec = tile + b * record;
+        const int64_t at = m * blocks + b;
+        const int8_t* a = in.q.data() + at * kBlock;
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          uint16_t d_bits, c_bits;
+          std::memcpy(&d_bits, rec + 2 * r, 2);
+          std::memcpy(&c_bits, rec + 32 + 2 * r, 2);
+          int32_t dot = 0;
+          for (int64_t j = 0; j < 8; ++j) {
+            for (int64_t i = 0; i < 4; ++i) {
+              int32_t u;
+              if constexpr (Bits == 8) {
+                u = rec[kHeader + 64 * j + 4 * r + i];
+              } else {
+                const uint8_t byte = rec[kHeader + 64 * (j / 2) + 4 * r + i];
+                u = j % 2 == 0 ? byte & 0x0F : byte >> 4;
+              }
+              dot += u * a[4 * j + i];
+            }
+          }
+          acc[r] += half_to_float(d_bits) * in.scale[at] * static_cast<float>(dot)
+                    + half_to_float(c_bits) * in.scaled_sum[at];
+        }
+      }
+      store_row(out + m * N + t * kTileRows, acc, rows_here);
+    }
+  }
+}
+#endif
+
+template <typename T>
+void run(const at::Tensor& x, const uint8_t* packed, at::Tensor& out, int64_t N, int64_t bits) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K);
+  T* op = out.data_ptr<T>();
+  const int64_t num_tiles = (N + kTileRows - 1) / kTileRows;
+  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
+    if (bits == 4) tiles<4>(in, packed, op, M, N, K, begin, end);
+    else tiles<8>(in, packed, op, M, N, K, begin, end);
+  });
+}
+
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "block_mm: bits must be 4 or 8");
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "block_mm: x must be float32 or bfloat16 [M, K]");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+              "block_mm: packed must be contiguous uint8 [tiles, K/32 * record bytes]");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(K % kBlock == 0 && packed.size(0) == (N + kTileRows - 1) / kTileRows &&
+              packed.size(1) == K / kBlock * record_bytes(bits),
+              "block_mm: packed weight does not match x's width or out_features");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  if (x.scalar_type() == at::kFloat) run<float>(xc, packed.data_ptr<uint8_t>(), out, N, bits);
+  else run<c10::BFloat16>(xc, packed.data_ptr<uint8_t>(), out, N, bits);
+  return out;
+}
+
+// "avx512-vnni" or "portable": which loop this build runs (the caller prefers another kernel
+// over the portable loop where it has one).
+std::string block_mm_isa() {
+#if defined(SY_BLOCK_VNNI)
+  return "avx512-vnni";
+#else
+  return "portable";
+#endif
+}
+
+}  // namespace blocks
+}  // namespace
+

@@ -1,0 +1,244 @@
+// Every decoder layer of a Llama-family model for one decode step, in C++: no Python, and
+// no torch op per elementwise step, between the embedding and the LM head.
+//
+// backends/cpu/fused_decode.py builds a `DecodeLayers` (a TorchBind class) from the model's
+// declared layout (core/models/layout.py) after prepare_model, and calls `forward` with the
+// step's embedded tokens. Per layer, for M rows (one decode each):
+//   hidden += delta; x = rms_norm(hidden) * w1        (delta: the previous layer's MLP output)
+//   qkv = x W_qkv^T (+ b)
+//   [q_norm, k_norm: per-head RMSNorm]  rotary on q and k  (the model's cos / signed-sin tables)
+//   k, v -> the paged cache at slot_mapping (a negative slot writes nothing)
+//   a = paged decode attention (paged_decode.h, reading the cache in place)
+//   hidden += a W_o^T; x = rms_norm(hidden) * w2
+//   delta = (silu(x W_g^T) * x W_u^T) W_d^T
+// and at the end hidden += delta, returned as rms_norm(hidden) * w_final.
+// The rounding follows the eager model (core/layers): in bfloat16 the residual adds, the
+// normalised row before its weight, silu before the product, and q*cos and rot(q)*sin before
+// their sum are each rounded to bfloat16; everything else is computed in float32.
+//
+// A linear is one of five kinds (fused_decode.py's LinearKind says which module each is):
+//   0 dense: at::linear (or matrix-vector for one row, as core/layers/linear.py decides)
+//   1 onednn: a weight packed by oneDNN (linear.py), mkldnn::_linear_pointwise
+//   2 blocks: q4_0/q4_1/q8_0 tiles (block_matmul.h), with a oneDNN bf16 copy for big batches
+//   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/BFloat16.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "block_matmul.h"
+#include "elementwise.h"
+#include "paged_decode.h"
+
+namespace {
+
+enum Kind : int64_t { kDense = 0, kOnednn = 1, kBlocks = 2, kInt8 = 3, kInt4 = 4 };
+
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                               c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                               std::optional<c10::string_view>)>();
+  return op.call(x, packed, bias, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
+}
+
+struct Linear {
+  int64_t kind = kDense, out_features = 0, bits = 0, batch_rows = -1;
+  bool single_row_matvec = false;
+  at::Tensor weight, aux;  // dense/onednn/blocks: weight; int8: qweight + scales; int4: packed + scales_and_zeros
+  // batch: for rows > batch_rows, the oneDNN packing for batches (onednn, float32) or the
+  // oneDNN-packed bf16 copy of a quantized weight
+  std::optional<at::Tensor> bias, batch;
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (kind == kDense) {
+      if (x.size(0) == 1 && single_row_matvec) {
+        at::Tensor out = at::mv(weight, x[0]).unsqueeze(0);
+        return bias ? out.add_(*bias) : out;
+      }
+      return at::linear(x, weight, bias);
+    }
+    if (kind == kOnednn) return onednn_linear(x, batch && x.size(0) > batch_rows ? *batch : weight, bias);
+    at::Tensor out;
+    if (batch && x.size(0) > batch_rows) {
+      out = onednn_linear(x.to(at::kBFloat16), *batch, std::nullopt).to(x.scalar_type());
+    } else if (kind == kBlocks) {
+      out = blocks::block_mm(x, weight, out_features, bits);
+    } else if (kind == kInt8) {
+      out = at::_weight_int8pack_mm(x.to(at::kBFloat16), weight, aux).to(x.scalar_type());
+    } else {
+      TORCH_CHECK(kind == kInt4, "decode_layers: unknown linear kind ", kind);
+      out = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), weight, 32, aux);
+      if (out.size(1) != out_features) out = out.narrow(1, 0, out_features);
+      out = out.to(x.scalar_type());
+    }
+    return bias ? out.add_(*bias) : out;
+  }
+};
+
+// A linear from Python: tensors [weight, aux, bias, batch] (an empty tensor where absent),
+// ints [kind, out_features, bits, batch_rows, single_row_matvec].
+Linear make_linear(const std::vector<at::Tensor>& t, const std::vector<int64_t>& i) {
+  TORCH_CHECK(t.size() == 4 && i.size() == 5, "decode_layers: a linear is 4 tensors and 5 ints");
+  auto present = [](const at::Tensor& x) { return x.defined() && x.numel() > 0 ? std::optional<at::Tensor>(x) : std::nullopt; };
+  Linear l;
+  l.kind = i[0], l.out_features = i[1], l.bits = i[2], l.batch_rows = i[3], l.single_row_matvec = i[4] != 0;
+  l.weight = t[0], l.aux = t[1], l.bias = present(t[2]), l.batch = present(t[3]);
+  return l;
+}
+
+struct Layer {
+  at::Tensor input_norm, post_norm;
+  std::optional<at::Tensor> q_norm, k_norm;
+  Linear qkv, o, gate_up, down;
+  int64_t window;  // sliding window (0: none)
+};
+
+// Rows per at::parallel_for task for work of `cost` values a row: a few thousand values a
+// task, so that a small step stays on the calling thread.
+int64_t row_grain(int64_t cost) { return std::max<int64_t>(1, 8192 / std::max<int64_t>(1, cost)); }
+
+// hidden += delta (when given), then out = rms_norm(hidden) * weight, row by row.
+template <typename T>
+void add_rms_norm(T* hidden, const T* delta, const T* weight, T* out, int64_t M, int64_t H, float eps) {
+  at::parallel_for(0, M, row_grain(H), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      elementwise::add_rms_norm_row(hidden + m * H, delta ? delta + m * H : nullptr, weight, out + m * H, H, eps);
+    }
+  });
+}
+
+// The attention prologue of each row of qkv [M, (H + 2 Hkv) D], in place: Qwen3's per-head
+// RMSNorm of q and k (when given), rotary on the first `rot` dims of every q and k head (the
+// model's cos / signed-sin tables, [M, rot] each), then k and v into the paged cache
+// [2, blocks, block_size, Hkv, D] at the row's slot (a negative slot writes nothing).
+template <typename T>
+void attention_prologue(T* qkv, int64_t M, int64_t heads, int64_t kv_heads, int64_t D, int64_t rot, const T* cos,
+                        const T* sin, const T* q_norm, const T* k_norm, float eps, const int64_t* slots, T* cache,
+                        int64_t kv_half) {
+  const int64_t width = (heads + 2 * kv_heads) * D, kv_size = kv_heads * D;
+  at::parallel_for(0, M, row_grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      T* row = qkv + m * width;
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        T* head = row + h * D;
+        const T* norm = h < heads ? q_norm : k_norm;
+        if (norm != nullptr) elementwise::add_rms_norm_row<T>(head, nullptr, norm, head, D, eps);
+        elementwise::rotary_head(head, cos + m * rot, sin + m * rot, rot);
+      }
+      if (slots[m] >= 0) {
+        const T* k = row + heads * D;
+        std::copy(k, k + kv_size, cache + slots[m] * kv_size);
+        std::copy(k + kv_size, k + 2 * kv_size, cache + kv_half + slots[m] * kv_size);
+      }
+    }
+  });
+}
+
+// out [M, I] = silu(gate) * up from gate_up [M, 2I].
+template <typename T>
+void silu_and_mul(const T* gate_up, T* out, int64_t M, int64_t I) {
+  at::parallel_for(0, M, row_grain(8 * I), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) elementwise::silu_and_mul_row(gate_up + m * 2 * I, gate_up + m * 2 * I + I, out + m * I, I);
+  });
+}
+
+struct DecodeLayers : torch::CustomClassHolder {
+  int64_t hidden_size, num_heads, num_kv_heads, head_dim, rotary_dim;
+  double eps, scale, soft_cap;
+  std::vector<Layer> layers;
+  at::Tensor final_norm;
+
+  DecodeLayers(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rotary_dim,
+               double eps, double scale, double soft_cap, at::Tensor final_norm)
+      : hidden_size(hidden_size), num_heads(num_heads), num_kv_heads(num_kv_heads), head_dim(head_dim),
+        rotary_dim(rotary_dim), eps(eps), scale(scale), soft_cap(soft_cap), final_norm(std::move(final_norm)) {
+    TORCH_CHECK(head_dim <= 256 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "decode_layers: head or rotary dim");
+  }
+
+  // norms: [input, post_attention, q_norm, k_norm] (empty tensors where the model has none);
+  // linears: 4 tensors each for qkv, o, gate_up, down; ints: 5 each, then the window.
+  void add_layer(std::vector<at::Tensor> norms, std::vector<at::Tensor> linears, std::vector<int64_t> ints) {
+    TORCH_CHECK(norms.size() == 4 && linears.size() == 16 && ints.size() == 21, "decode_layers: bad layer");
+    auto part = [&](int k) {
+      return make_linear({linears.begin() + 4 * k, linears.begin() + 4 * k + 4}, {ints.begin() + 5 * k, ints.begin() + 5 * k + 5});
+    };
+    auto present = [](const at::Tensor& x) { return x.numel() > 0 ? std::optional<at::Tensor>(x) : std::nullopt; };
+    layers.push_back(Layer{norms[0], norms[1], present(norms[2]), present(norms[3]), part(0), part(1), part(2), part(3),
+                           ints[20]});
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
+
+  // hidden [M, hidden_size] (embedded tokens; updated in place as the residual stream),
+  // cos / sin [M, 1, rotary_dim], kv_caches one per layer, slot_mapping [M] int64,
+  // block_table [M, W] int32, seq_lens [M] int32 -> the final-normed hidden [M, hidden_size].
+  at::Tensor forward(at::Tensor hidden, at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> kv_caches,
+                     at::Tensor slot_mapping, at::Tensor block_table, at::Tensor seq_lens) {
+    TORCH_CHECK(kv_caches.size() == layers.size(), "decode_layers: one cache per layer");
+    TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == hidden_size && hidden.is_contiguous(), "decode_layers: hidden");
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "decode_layers: slot_mapping must be int64");
+    TORCH_CHECK(cos.scalar_type() == hidden.scalar_type() && sin.scalar_type() == hidden.scalar_type() &&
+                cos.numel() == hidden.size(0) * rotary_dim && sin.numel() == cos.numel(), "decode_layers: rotary tables");
+    const at::Tensor c = cos.contiguous(), s = sin.contiguous(), slots = slot_mapping.contiguous();
+    if (hidden.scalar_type() == at::kFloat) return run<float>(hidden, c, s, kv_caches, slots, block_table, seq_lens);
+    TORCH_CHECK(hidden.scalar_type() == at::kBFloat16, "decode_layers: float32 or bfloat16");
+    return run<c10::BFloat16>(hidden, c, s, kv_caches, slots, block_table, seq_lens);
+  }
+
+  template <typename T>
+  at::Tensor run(at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& caches,
+                 const at::Tensor& slots, const at::Tensor& block_table, const at::Tensor& seq_lens) {
+    const int64_t M = hidden.size(0), H = hidden_size, D = head_dim;
+    const int64_t q_size = num_heads * D, kv_size = num_kv_heads * D, width = q_size + 2 * kv_size;
+    const float e = static_cast<float>(eps);
+    at::Tensor x = at::empty_like(hidden), delta;
+    T* h = hidden.data_ptr<T>();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& layer = layers[i];
+      add_rms_norm<T>(h, delta.defined() ? delta.data_ptr<T>() : nullptr, layer.input_norm.data_ptr<T>(),
+                      x.data_ptr<T>(), M, H, e);
+      at::Tensor qkv = layer.qkv(x);
+      TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == width, "decode_layers: qkv output");
+      T* qp = qkv.data_ptr<T>();
+      const at::Tensor& cache = caches[i];
+      TORCH_CHECK(cache.scalar_type() == hidden.scalar_type() && cache.is_contiguous(), "decode_layers: cache dtype");
+      attention_prologue<T>(qp, M, num_heads, num_kv_heads, D, rotary_dim, cos.data_ptr<T>(), sin.data_ptr<T>(),
+                            layer.q_norm ? layer.q_norm->data_ptr<T>() : nullptr,
+                            layer.k_norm ? layer.k_norm->data_ptr<T>() : nullptr, e, slots.data_ptr<int64_t>(),
+                            cache.data_ptr<T>(), cache.stride(0));
+      at::Tensor attention = at::empty({M, num_heads, D}, hidden.options());
+      paged::paged_decode(attention, qkv.narrow(1, 0, q_size).view({M, num_heads, D}), cache, block_table, seq_lens,
+                          scale, layer.window, soft_cap);
+      const at::Tensor o = layer.o(attention.view({M, q_size}));
+      add_rms_norm<T>(h, o.data_ptr<T>(), layer.post_norm.data_ptr<T>(), x.data_ptr<T>(), M, H, e);
+      const at::Tensor gate_up = layer.gate_up(x);
+      const int64_t I = gate_up.size(1) / 2;
+      at::Tensor act = at::empty({M, I}, hidden.options());
+      silu_and_mul<T>(gate_up.data_ptr<T>(), act.data_ptr<T>(), M, I);
+      delta = layer.down(act);
+    }
+    at::Tensor out = at::empty_like(hidden);
+    add_rms_norm<T>(h, delta.defined() ? delta.data_ptr<T>() : nullptr, final_norm.data_ptr<T>(), out.data_ptr<T>(),
+                    M, H, e);
+    return out;
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.class_<DecodeLayers>("DecodeLayers")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double, at::Tensor>())
+      .def("add_layer", &DecodeLayers::add_layer)
+      .def("num_layers", &DecodeLayers::num_layers)
+      .def("forward", &DecodeLayers::forward);
+}

@@ -1,0 +1,312 @@
+#pragma once
+// Decode attention that reads the paged KV cache in place (no gather).
+//
+// A task is one request's query heads over a range of its positions, each KV head's
+// `group` query heads together (GQA folded: every K/V row is read once for all of them).
+// The task walks its positions through the block table (a block's rows hold every KV head
+// side by side, so it reads whole blocks), scores them against the queries and keeps an
+// online (flash-decoding) softmax in float32: a running max m, a running sum l and an
+// unnormalised output acc per query head. float32 and bfloat16 caches; queries and outputs
+// in the cache's dtype; accumulation in float32. Scale, sliding window and soft cap as
+// AttentionSpec declares them.
+//
+// Work is spread with at::parallel_for over the tasks. When requests are fewer than
+// kTasksPerThread per thread, each request's positions are split into ranges
+// of at least kMinSplit (flash-decoding's split-KV), and the ranges' (m, l, acc) are merged
+// afterwards, so that a single long request still keeps every thread busy.
+//
+// The arithmetic: with AVX-512 and a head dim that is a multiple of 16,
+// paged_decode_avx512.h; otherwise the portable loops below, written for the compiler to
+// vectorise (-O3, -march=native, -fopenmp-simd).
+//
+// Layouts: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim] contiguous;
+// query/out [B, num_heads, head_dim] (last dim contiguous); block_table [>=B, W] int32;
+// seq_lens [>=B] int32 (the request's length including the token being decoded).
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include "paged_decode_avx512.h"
+#endif
+
+namespace {
+namespace paged {
+
+constexpr int64_t kMaxGroup = 16;
+constexpr int64_t kMaxHeads = 256;  // query heads
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxBlock = 256;      // tokens per cache block
+constexpr int64_t kTasksPerThread = 4;  // below this many requests per thread, split them
+constexpr int64_t kMinSplit = 64;       // positions: the smallest range a split leaves a task
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+
+struct Shape {
+  int64_t block_size, num_kv_heads, head_dim, group, table_width;
+  int64_t kv_half;  // elements between the key and the value half of the cache
+  int64_t q_stride0, q_stride1, o_stride0, o_stride1;
+  float scale, soft_cap;
+  int64_t window;
+};
+
+// ---- the portable arithmetic (no AVX-512, or a head dim that is not a multiple of 16) ----
+
+// exp(x) for x <= 0 (Cephes expf, as exp16 in the AVX-512 header), branch-free so loops vectorise.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+template <typename T>
+inline void row_to_float(const T* row, float* buffer, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) buffer[i] = to_float(row[i]);
+}
+
+// One task's attention over positions [lo, hi) of KV head h, one cache block at a time
+// (the tile between two rescales of acc); q is float32 and already scaled.
+template <typename T>
+void attend_range_portable(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
+                           int64_t hi, int64_t h, float* m, float* l, float* acc) {
+  const int64_t D = s.head_dim, G = s.group, bs = s.block_size, row_stride = s.num_kv_heads * D;
+  float scores[kMaxGroup * kMaxBlock], row[kMaxHeadDim];
+  std::fill(acc, acc + G * D, 0.0f);
+  std::fill(m, m + G, -INFINITY);
+  std::fill(l, l + G, 0.0f);
+  for (int64_t block = lo / bs; block * bs < hi; ++block) {
+    const int64_t first = std::max(lo, block * bs), n = std::min(hi, (block + 1) * bs) - first;
+    const T* keys = cache + (static_cast<int64_t>(table[block]) * bs + (first - block * bs)) * row_stride + h * D;
+    for (int64_t t = 0; t < n; ++t) {
+      row_to_float(keys + t * row_stride, row, D);
+      for (int64_t g = 0; g < G; ++g) {
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t d = 0; d < D; ++d) sum += q[g * D + d] * row[d];
+        scores[g * kMaxBlock + t] = s.soft_cap > 0.0f ? s.soft_cap * std::tanh(sum / s.soft_cap) : sum;
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float* sg = scores + g * kMaxBlock;
+      const float new_max = std::max(m[g], *std::max_element(sg, sg + n));
+      const float alpha = std::exp(m[g] - new_max);  // 0 on the first block (m = -inf)
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t t = 0; t < n; ++t) {
+        sg[t] = exp_nonpositive(sg[t] - new_max);
+        sum += sg[t];
+      }
+      l[g] = l[g] * alpha + sum;
+      m[g] = new_max;
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] *= alpha;
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      row_to_float(keys + s.kv_half + t * row_stride, row, D);
+      for (int64_t g = 0; g < G; ++g) {
+        const float p = scores[g * kMaxBlock + t];
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[g * D + d] += p * row[d];
+      }
+    }
+  }
+}
+
+// Every KV head in turn: q [H * G * D], m and l [H * G], acc [H * G * D].
+template <typename T>
+void attend_heads_portable(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
+                           int64_t hi, float* m, float* l, float* acc) {
+  const int64_t G = s.group, D = s.head_dim;
+  for (int64_t h = 0; h < s.num_kv_heads; ++h) {
+    attend_range_portable(s, q + h * G * D, cache, table, lo, hi, h, m + h * G, l + h * G, acc + h * G * D);
+  }
+}
+
+// ---- tasks ----
+
+// Which positions each task covers: request b owns tasks [splits[b], splits[b + 1]), ranges
+// of `chunk` positions (the last one shorter) from first[b] on.
+struct TaskPlan {
+  std::vector<int64_t> first, last, splits;  // splits: prefix sums, size B + 1
+  int64_t chunk;
+  int64_t num_tasks() const { return splits.back(); }
+};
+
+TaskPlan plan_tasks(const Shape& s, const int32_t* lens, int64_t batch) {
+  TaskPlan plan{std::vector<int64_t>(batch), std::vector<int64_t>(batch), std::vector<int64_t>(batch + 1, 0), 0};
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    plan.last[b] = lens[b];
+    plan.first[b] = s.window > 0 ? std::max<int64_t>(0, lens[b] - s.window) : 0;
+    total += plan.last[b] - plan.first[b];
+  }
+  const int64_t wanted = kTasksPerThread * at::get_num_threads();
+  const bool split = batch < wanted;
+  // each task about total / wanted positions, a multiple of 16 (the AVX-512 tile)
+  const int64_t share = (total + wanted - 1) / wanted;
+  plan.chunk = split ? (std::max(kMinSplit, share) + 15) / 16 * 16 : INT64_MAX;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = plan.last[b] - plan.first[b];
+    const int64_t ranges = split ? std::max<int64_t>(1, (length + plan.chunk - 1) / plan.chunk) : 1;
+    plan.splits[b + 1] = plan.splits[b] + ranges;
+  }
+  return plan;
+}
+
+template <typename T>
+void write_out(const float* acc, const float* l, int64_t heads, int64_t D, T* out, int64_t o_stride1) {
+  for (int64_t j = 0; j < heads; ++j) {
+    const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+    for (int64_t d = 0; d < D; ++d) out[j * o_stride1 + d] = static_cast<T>(acc[j * D + d] * inv);
+  }
+}
+
+// Merges the (acc, m, l) of a request's ranges (parts: [ranges][heads * (D + 2)]) into out.
+template <typename T>
+void merge_ranges(const float* parts, int64_t ranges, int64_t heads, int64_t D, T* out, int64_t o_stride1) {
+  const int64_t stride = heads * (D + 2);
+  std::vector<float> acc(heads * D, 0.0f), l(heads, 0.0f);
+  for (int64_t j = 0; j < heads; ++j) {
+    float max = -INFINITY;
+    for (int64_t r = 0; r < ranges; ++r) max = std::max(max, parts[r * stride + heads * D + j]);
+    for (int64_t r = 0; r < ranges; ++r) {
+      const float* part = parts + r * stride;
+      const float weight = std::exp(part[heads * D + j] - max);
+      l[j] += weight * part[heads * D + heads + j];
+      for (int64_t d = 0; d < D; ++d) acc[j * D + d] += weight * part[j * D + d];
+    }
+  }
+  write_out(acc.data(), l.data(), heads, D, out, o_stride1);
+}
+
+// ---- choosing the arithmetic, running the tasks ----
+
+template <typename T>
+using RangeFn = void (*)(const Shape&, const float*, const T*, const int32_t*, int64_t, int64_t, float*, float*,
+                         float*);
+
+#if defined(__AVX512F__)
+template <typename T, int64_t kD, int64_t kG>
+void attend_range_avx512(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
+                         int64_t hi, float* m, float* l, float* acc) {
+  const paged_decode_avx512::Rows rows{cache, table, s.block_size, s.num_kv_heads, s.kv_half};
+  paged_decode_avx512::attend_range<T, kD, kG>(rows, q, s.head_dim, s.group, s.soft_cap, lo, hi, m, l, acc);
+}
+
+// Code specialised for the common head dims and groups (acc in registers), generic otherwise.
+template <typename T, int64_t kD>
+RangeFn<T> for_group(int64_t group) {
+  switch (group) {
+    case 1: return &attend_range_avx512<T, kD, 1>;
+    case 2: return &attend_range_avx512<T, kD, 2>;
+    case 3: return &attend_range_avx512<T, kD, 3>;
+    case 4: return &attend_range_avx512<T, kD, 4>;
+    default: return &attend_range_avx512<T, 0, 0>;
+  }
+}
+#endif
+
+template <typename T>
+RangeFn<T> choose_arithmetic(const Shape& s) {
+#if defined(__AVX512F__)
+  if (s.head_dim == 64) return for_group<T, 64>(s.group);
+  if (s.head_dim == 128) return for_group<T, 128>(s.group);
+  if (s.head_dim % 16 == 0) return &attend_range_avx512<T, 0, 0>;
+#endif
+  return &attend_heads_portable<T>;
+}
+
+template <typename T>
+void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+         const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t batch) {
+  const T* queries = query.const_data_ptr<T>();
+  T* outs = out.data_ptr<T>();
+  const T* cache = kv_cache.const_data_ptr<T>();
+  const int32_t* tables = block_table.const_data_ptr<int32_t>();
+  const TaskPlan plan = plan_tasks(s, seq_lens.const_data_ptr<int32_t>(), batch);
+  const RangeFn<T> attend = choose_arithmetic<T>(s);
+  const int64_t HG = s.num_kv_heads * s.group, D = s.head_dim, stride = HG * (D + 2);
+  std::vector<float> parts(plan.num_tasks() > batch ? plan.num_tasks() * stride : 0);
+  at::parallel_for(0, plan.num_tasks(), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(HG * (2 * D + 2));
+    float *q = buffer.data(), *acc = q + HG * D, *m = acc + HG * D, *l = m + HG;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = std::upper_bound(plan.splits.begin(), plan.splits.end(), task) - plan.splits.begin() - 1;
+      const int64_t ranges = plan.splits[b + 1] - plan.splits[b];
+      const int64_t lo = plan.first[b] + (task - plan.splits[b]) * plan.chunk;
+      const int64_t hi = ranges == 1 ? plan.last[b] : std::min(plan.last[b], lo + plan.chunk);
+      const T* qb = queries + b * s.q_stride0;
+      for (int64_t j = 0; j < HG; ++j) {
+        for (int64_t d = 0; d < D; ++d) q[j * D + d] = to_float(qb[j * s.q_stride1 + d]) * s.scale;
+      }
+      attend(s, q, cache, tables + b * s.table_width, lo, hi, m, l, acc);
+      if (ranges == 1) {
+        write_out(acc, l, HG, D, outs + b * s.o_stride0, s.o_stride1);
+      } else {
+        float* part = parts.data() + task * stride;
+        std::copy(buffer.data() + HG * D, buffer.data() + buffer.size(), part);  // acc, m, l
+      }
+    }
+  });
+  for (int64_t b = 0; b < batch; ++b) {  // few: only steps with fewer requests than threads split
+    const int64_t ranges = plan.splits[b + 1] - plan.splits[b];
+    if (ranges > 1) {
+      merge_ranges(parts.data() + plan.splits[b] * stride, ranges, HG, D, outs + b * s.o_stride0, s.o_stride1);
+    }
+  }
+}
+
+void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
+                  const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, int64_t window,
+                  double soft_cap) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_dim] tensor");
+  TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && query.sizes() == out.sizes(), "query/out must be [B, H, D]");
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == kv_cache.scalar_type(),
+              "query, out and kv_cache must share a dtype");
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query/out must be contiguous in head_dim");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
+              "block_table and seq_lens must be int32");
+  TORCH_CHECK(block_table.dim() == 2 && block_table.stride(1) == 1 && seq_lens.is_contiguous(),
+              "block_table must be [rows, width] with contiguous rows");
+  const int64_t batch = query.size(0), heads = query.size(1), head_dim = query.size(2);
+  const int64_t kv_heads = kv_cache.size(3);
+  TORCH_CHECK(kv_cache.size(4) == head_dim && heads % kv_heads == 0, "head shapes do not match the cache");
+  TORCH_CHECK(heads / kv_heads <= kMaxGroup && heads <= kMaxHeads && head_dim <= kMaxHeadDim &&
+                  kv_cache.size(2) <= kMaxBlock,
+              "group, heads, head_dim or block size too large");
+  TORCH_CHECK(block_table.size(0) >= batch && seq_lens.size(0) >= batch, "fewer block-table rows than queries");
+  Shape s{kv_cache.size(2), kv_heads, head_dim, heads / kv_heads, block_table.stride(0),
+          kv_cache.stride(0), query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+          static_cast<float>(scale), static_cast<float>(soft_cap), window};
+  if (kv_cache.scalar_type() == at::kFloat) {
+    run<float>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  } else if (kv_cache.scalar_type() == at::kBFloat16) {
+    run<c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  } else {
+    TORCH_CHECK(false, "paged_decode supports float32 and bfloat16 caches, not ", kv_cache.scalar_type());
+  }
+}
+
+}  // namespace paged
+}  // namespace
+

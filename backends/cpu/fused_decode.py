@@ -1,0 +1,116 @@
+"""Decode-only steps through csrc/decode_layers.cpp: every decoder layer in C++, with no Python
+and no small torch op between the embedding and the LM head.
+
+A model that declares the Llama decoder shape (core/models/layout.py: `decoder_layout()`)
+is turned, after prepare_model, into one `DecodeLayers` object holding each layer's norms and
+linear kernels (`linear_operands`: the modules prepare_model left in place, which the C++
+calls the same way their forward does). `FusedDecodeRunner` then runs a decode-only step as
+embedding -> rotary tables -> DecodeLayers.forward -> LM head, and every other step (prompt
+chunks, mixed steps, prompt logprobs) through the model's forward. `fused_program` says why
+a model cannot run this way (its layout, a linear kind, a dtype, a missing kernel); the
+backend then falls back to the compiled graphs or to eager steps, with the reason logged.
+
+The C++ rounds as the eager layers do (see the source's header): greedy output agrees with
+the eager engine's token for token in the tests, and logits agree within float rounding.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from switchyard.core.decode_batch import decode_only
+from switchyard.core.layers import Linear
+from switchyard.core.models.layout import DecoderLayout
+from switchyard.core.runner import ModelRunner, build_step_input
+
+from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
+from .linear import PackedLinear
+from .quant import BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
+
+logger = logging.getLogger(__name__)
+
+DENSE, ONEDNN, BLOCKS, INT8, INT4 = range(5)  # csrc/decode_layers.cpp's linear kinds
+_NONE = torch.empty(0)
+
+
+def load_decode_layers(cache_root: str) -> ExtensionBuild:
+    return build_extension(cache_root, DECODE_LAYERS_SOURCE, "CPU fused decode layers",
+                           "decode steps run the model's layers", ())
+
+
+def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | str:
+    """(tensors [weight, aux, bias, batch], ints [kind, out_features, bits, batch_rows,
+    single_row_matvec]) of one linear module, as the C++ Linear takes them; or why it has none."""
+    bias = getattr(module, "bias", None)  # every kind below has a `bias` (None or a tensor)
+    bias = _NONE if bias is None else bias.detach()
+    if isinstance(module, PackedLinear):
+        batch = module._packed_batch
+        return [module._packed_one_row, _NONE, bias, batch], [ONEDNN, module.out_features, 0, 1, 0]
+    if isinstance(module, QuantizedLinear):
+        batch = _NONE if module.batch is None else module.batch._packed_batch
+        rows = -1 if module.batch is None else module.batch_rows
+        if isinstance(module, BlockLinear):
+            return [module.packed, _NONE, bias, batch], [BLOCKS, module.out_features, module.bits, rows, 0]
+        if isinstance(module, Int8Linear):
+            return [module.qweight, module.scales, bias, batch], [INT8, module.out_features, 0, rows, 0]
+        if isinstance(module, Int4Linear):
+            return [module.packed, module.scales_and_zeros, bias, batch], [INT4, module.out_features, 0, rows, 0]
+    if isinstance(module, Linear) and module.quantized is None and module.weight.dtype == dtype:
+        matvec = module.single_row_matvec
+        matvec = dtype in (torch.bfloat16, torch.float16) if matvec is None else matvec
+        return [module.weight.detach(), _NONE, bias, _NONE], [DENSE, module.out_features, 0, -1, int(matvec)]
+    return f"no fused path for {type(module).__name__}"
+
+
+def fused_program(layout: DecoderLayout | None, build: ExtensionBuild, dtype: torch.dtype):
+    """The DecodeLayers object of a model, or a string saying why it has none."""
+    if layout is None:
+        return "the model does not declare the Llama decoder layout"
+    if not build.available:
+        return f"the fused decode kernel is unavailable ({build.reason})"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"no fused path in {dtype}"
+    program = getattr(torch.classes, build.name).DecodeLayers(
+        layout.hidden_size, layout.num_heads, layout.num_kv_heads, layout.head_dim, layout.rotary_dim, layout.eps, layout.scale,
+        layout.soft_cap or 0.0, layout.norm.weight.detach())
+    for parts in layout.layers:
+        tensors, ints = [], []
+        for module in (parts.qkv, parts.o, parts.gate_up, parts.down):
+            operands = linear_operands(module, dtype)
+            if isinstance(operands, str):
+                return operands
+            tensors += operands[0]
+            ints += operands[1]
+        norms = [parts.input_norm.weight, parts.post_norm.weight,
+                 _NONE if parts.q_norm is None else parts.q_norm.weight,
+                 _NONE if parts.k_norm is None else parts.k_norm.weight]
+        program.add_layer([n.detach() for n in norms], tensors, ints + [parts.sliding_window or 0])
+    return program
+
+
+class FusedDecodeRunner(ModelRunner):
+    """ModelRunner whose decode-only steps run the model's DecodeLayers program (see above)."""
+
+    def __init__(self, model: nn.Module, backend, kv_caches: list[torch.Tensor], block_size: int,
+                 layout: DecoderLayout, program) -> None:
+        super().__init__(model, backend, kv_caches, block_size)
+        self.layout, self.program = layout, program
+        self.num_fused_steps = 0
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output):
+        if not decode_only(scheduler_output):
+            return super().execute(scheduler_output)
+        step = build_step_input(scheduler_output, self.block_size, self.backend.device)
+        meta = step.meta
+        hidden = self.layout.embed(step.input_ids).contiguous()
+        cos, sin = self.layout.rotary(step.positions, hidden.dtype)
+        hidden = self.program.forward(hidden, cos, sin, self.kv_caches, meta.slot_mapping, meta.block_table,
+                                      meta.seq_lens)
+        self.last_prompt_logits = {}
+        self.num_fused_steps += 1
+        if len(step.sampling_request_ids) != hidden.shape[0]:
+            hidden = hidden[step.logits_indices]
+        return self.model.compute_logits(hidden), step.sampling_request_ids

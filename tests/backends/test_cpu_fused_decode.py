@@ -1,0 +1,158 @@
+"""The CPU backend's fused decode layers (backends/cpu/fused_decode.py, csrc/decode_layers.cpp)
+against the model's own forward: the same logits (float32 within rounding, bfloat16 within its
+step) and the same greedy tokens, for every shape the Llama layout covers (GQA, q/k/v bias,
+per-head q/k norms, partial rotary, a sliding window, scaled rope), every linear kind
+(oneDNN-packed, dense, block-quantized, int8, int4), and the fallbacks when a model or a module
+has no fused path."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from switchyard.backends.cpu import CpuBackend
+from switchyard.backends.cpu.compiled import CompiledDecodeRunner
+from switchyard.backends.cpu.fused_decode import FusedDecodeRunner, fused_program, linear_operands, load_decode_layers
+from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.engine import EngineCore
+from switchyard.core.loader.gguf_cache import default_cache_root
+from switchyard.core.params import SamplingParams
+from switchyard.core.request import Request
+from switchyard.core.runner import ModelRunner
+from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+BLOCK = 4
+TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False)
+SHAPES = {
+    "llama-gqa": ("llama", {}),
+    "llama3-rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "qwen2-bias": ("qwen2", {}),
+    "qwen3-qk-norm": ("qwen3", {"head_dim": 32}),
+    "phi3-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5, "num_key_value_heads": 4}),
+    "mistral-window": ("mistral", {"sliding_window": 6, "head_dim": 16}),
+}
+
+
+def model_dir(tmp_path_factory, shape: str) -> str:
+    model_type, overrides = SHAPES[shape]
+    path = tmp_path_factory.mktemp(shape)
+    AutoConfig.for_model(model_type, **{**TINY, **overrides}).save_pretrained(path)
+    return str(path)
+
+
+def engine(model: str, dtype: str, fused: bool, quantize: str | None = None, backend=None,
+           load_format: str = "dummy") -> EngineCore:
+    config = EngineConfig(
+        model=ModelConfig(model=model, load_format=load_format, seed=5, max_model_len=128, dtype=dtype, quantize=quantize),
+        cache=CacheConfig(block_size=BLOCK, num_blocks=96),
+        scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128), compile_decode=fused)
+    return EngineCore(config, backend=backend or CpuBackend())
+
+
+PROMPTS = {"a": list(range(3, 14)), "b": [7, 8, 9], "c": list(range(40, 61))}  # 11, 3 and 21 tokens
+BLOCKS = {"a": (9, 4, 17, 2), "b": (5, 1), "c": (3, 11, 6, 8, 12, 13, 14)}
+
+
+def decode_logits(core: EngineCore, steps: int = 3) -> list[torch.Tensor]:
+    """Prefills PROMPTS in one step (the model's forward), then decodes `steps` steps of fixed
+    tokens through the engine's runner: the logits of each decode step."""
+    runner = core.runner
+    prefill = tuple(ScheduledRequest(k, tuple(p), 0, BLOCKS[k], True) for k, p in PROMPTS.items())
+    ModelRunner.execute(runner, SchedulerOutput(prefill))
+    out = []
+    for step in range(steps):
+        decodes = tuple(ScheduledRequest(k, (20 + step + i,), len(p) + step, BLOCKS[k], True)
+                        for i, (k, p) in enumerate(PROMPTS.items()))
+        logits, ids = runner.execute(SchedulerOutput(decodes))
+        assert ids == tuple(PROMPTS)
+        out.append(logits)
+    return out
+
+
+def greedy(core: EngineCore) -> dict[str, list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for key, prompt in PROMPTS.items():
+        core.add_request(Request(key, list(prompt), params))
+    out = {key: [] for key in PROMPTS}
+    while core.has_unfinished_requests():
+        for o in core.step():
+            out[o.request_id].extend(o.new_token_ids)
+    return out
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_fused_decode_steps_match_the_model_forward_in_float32(shape, tmp_path_factory):
+    path = model_dir(tmp_path_factory, shape)
+    eager, fused = engine(path, "float32", False), engine(path, "float32", True)
+    assert isinstance(fused.runner, FusedDecodeRunner)
+    for expected, got in zip(decode_logits(eager), decode_logits(fused), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert fused.runner.num_fused_steps == 3
+    assert greedy(fused) == greedy(eager)
+
+
+@pytest.mark.parametrize("shape", ["llama-gqa", "qwen3-qk-norm", "mistral-window"])
+def test_fused_decode_steps_match_the_model_forward_in_bfloat16(shape, tmp_path_factory):
+    """bf16: the same rounding points as the eager layers, different summation orders, so the
+    logits agree within a few bf16 steps of their scale."""
+    path = model_dir(tmp_path_factory, shape)
+    eager, fused = engine(path, "bfloat16", False), engine(path, "bfloat16", True)
+    for expected, got in zip(decode_logits(eager), decode_logits(fused), strict=True):
+        scale = expected.abs().max().item()
+        assert (got - expected).abs().max().item() <= 0.03 * scale
+        assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_linears_take_the_fused_path(quantize, tmp_path_factory):
+    """int4 makes q4_1 blocks (the block kernel), the head int8: the C++ calls the same kernels
+    the modules do, one row (the kernel) and a batch past QUANTIZED_BATCH_ROWS alike."""
+    path = model_dir(tmp_path_factory, "llama-gqa")
+    eager, fused = engine(path, "bfloat16", False, quantize), engine(path, "bfloat16", True, quantize)
+    assert isinstance(fused.runner, FusedDecodeRunner)
+    for expected, got in zip(decode_logits(eager), decode_logits(fused), strict=True):
+        assert (got - expected).abs().max().item() <= 0.03 * expected.abs().max().item()
+
+
+def test_default_model_gguf_greedy_tokens_agree_with_the_eager_engine(default_gguf_path):
+    """The real model, its own Q4_1 / Q8_0 blocks (block kernel, tied q8_0 head and embedding)."""
+    eager, fused = (engine(default_gguf_path, "bfloat16", f, "gguf", load_format="auto")
+                     for f in (False, True))
+    assert isinstance(fused.runner, FusedDecodeRunner)
+    ours, reference = greedy(fused), greedy(eager)
+    assert sum(a == b for key in ours for a, b in zip(ours[key], reference[key])) >= 0.9 * 36
+
+
+def test_padding_rows_write_no_kv(tmp_path_factory):
+    """A negative slot (a padding row) attends but leaves the cache as it was."""
+    core = engine(model_dir(tmp_path_factory, "llama-gqa"), "float32", True)
+    runner = core.runner
+    before = [cache.clone() for cache in runner.kv_caches]
+    hidden = torch.randn(1, 64)
+    cos, sin = runner.layout.rotary(torch.tensor([3]), torch.float32)
+    runner.program.forward(hidden, cos, sin, runner.kv_caches, torch.tensor([-1]),
+                           torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32))
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches))
+
+
+def test_models_without_the_layout_keep_their_own_path(tmp_path_factory):
+    """A mixture-of-experts model declares no layout: its decode steps compile (or run eager)."""
+    path = tmp_path_factory.mktemp("moe")
+    AutoConfig.for_model("qwen2_moe", **{**TINY, "num_experts": 4, "num_experts_per_tok": 2,
+                                         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}
+                         ).save_pretrained(path)
+    core = engine(str(path), "float32", False)
+    assert core.runner.model.decoder_layout() is None
+    assert fused_program(None, load_decode_layers(default_cache_root()), torch.float32).startswith(
+        "the model does not declare")
+
+
+def test_fused_decode_can_be_switched_off(tmp_path_factory):
+    core = engine(model_dir(tmp_path_factory, "llama-gqa"), "float32", True, backend=CpuBackend(fused_decode=False))
+    assert isinstance(core.runner, CompiledDecodeRunner)
+
+
+def test_a_module_without_a_fused_kernel_is_named():
+    assert linear_operands(torch.nn.Linear(4, 4), torch.float32) == "no fused path for Linear"
