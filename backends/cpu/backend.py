@@ -15,6 +15,7 @@ from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
 from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
+from .fused_decode import describe as describe_fused
 from .linear import pack_linears, packing_supported
 from .quant import load_block_kernel, pack_quantized
 from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
@@ -114,7 +115,7 @@ class CpuBackend(Backend):
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
         return (f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed "
-                f"for oneDNN; {describe_compiled(_cache_root(cache_dir))}")
+                f"for oneDNN; {describe_fused()}: {describe_compiled(_cache_root(cache_dir))}")
 
     @property
     def device(self) -> torch.device:

@@ -35,6 +35,12 @@ DENSE, ONEDNN, BLOCKS, INT8, INT4 = range(5)  # csrc/decode_layers.cpp's linear 
 _NONE = torch.empty(0)
 
 
+def describe() -> str:
+    """For `switchyard backends`: what a server start does with decode steps of Llama-layout models."""
+    return ("decode-only steps of Llama-layout models (llama, mistral, qwen2, qwen3, phi3): every layer in C++ "
+            "(fused decode layers, built at first start; no compiling at start); other models")
+
+
 def load_decode_layers(cache_root: str) -> ExtensionBuild:
     return build_extension(cache_root, DECODE_LAYERS_SOURCE, "CPU fused decode layers",
                            "decode steps run the model's layers", ())

@@ -282,6 +282,23 @@ def test_in_place_kernel_splits_few_long_requests(in_place, dtype, threads, wind
     torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_in_place_kernel_shares_uneven_requests_between_threads(in_place, threads):
+    """Threads take contiguous runs of requests of about equal positions (not equal counts):
+    long contexts first, then many short ones, and one empty share when there are fewer
+    requests than threads would get."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lens = [(1, 700), (1, 650)] + [(1, 3 + i) for i in range(14)]
+        spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, scale=0.125,
+                             dtype=torch.bfloat16)
+        out, expected = run_both(lens, len(lens), spec, seed=threads, num_blocks=160, decode=in_place)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[torch.bfloat16])
+
+
 @pytest.mark.slow
 def test_second_start_reuses_the_build(in_place):
     """A new process finds the binary built by the first one: nothing is compiled."""

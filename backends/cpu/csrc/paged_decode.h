@@ -172,6 +172,39 @@ TaskPlan plan_tasks(const Shape& s, const int32_t* lens, int64_t batch) {
   return plan;
 }
 
+// Task `task` of the plan: its request b, its positions [lo, hi), and how many ranges b has.
+struct TaskRange {
+  int64_t b, lo, hi, ranges;
+};
+
+TaskRange task_range(const TaskPlan& plan, int64_t task) {
+  const int64_t b = std::upper_bound(plan.splits.begin(), plan.splits.end(), task) - plan.splits.begin() - 1;
+  const int64_t ranges = plan.splits[b + 1] - plan.splits[b];
+  const int64_t lo = plan.first[b] + (task - plan.splits[b]) * plan.chunk;
+  const int64_t hi = ranges == 1 ? plan.last[b] : std::min(plan.last[b], lo + plan.chunk);
+  return {b, lo, hi, ranges};
+}
+
+// Task boundaries of `threads` contiguous shares of about equal positions (+ a fixed cost per
+// task): a served batch mixes short and long contexts, and equal numbers of tasks per thread
+// left one thread waiting for the other.
+std::vector<int64_t> balance(const TaskPlan& plan, int64_t threads) {
+  const int64_t tasks = plan.num_tasks();
+  threads = std::max<int64_t>(1, std::min(threads, tasks));
+  std::vector<int64_t> cost(tasks + 1, 0);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const TaskRange r = task_range(plan, t);
+    cost[t + 1] = cost[t] + (r.hi - r.lo) + 16;
+  }
+  std::vector<int64_t> bounds(threads + 1, tasks);
+  bounds[0] = 0;
+  for (int64_t i = 1; i < threads; ++i) {
+    const int64_t target = cost[tasks] * i / threads;
+    bounds[i] = std::max(bounds[i - 1], static_cast<int64_t>(std::lower_bound(cost.begin(), cost.end(), target) - cost.begin()));
+  }
+  return bounds;
+}
+
 template <typename T>
 void write_out(const float* acc, const float* l, int64_t heads, int64_t D, T* out, int64_t o_stride1) {
   for (int64_t j = 0; j < heads; ++j) {
@@ -246,21 +279,19 @@ void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const a
   const RangeFn<T> attend = choose_arithmetic<T>(s);
   const int64_t HG = s.num_kv_heads * s.group, D = s.head_dim, stride = HG * (D + 2);
   std::vector<float> parts(plan.num_tasks() > batch ? plan.num_tasks() * stride : 0);
-  at::parallel_for(0, plan.num_tasks(), 1, [&](int64_t begin, int64_t end) {
+  const std::vector<int64_t> bounds = balance(plan, at::get_num_threads());
+  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t first, int64_t last) {
     std::vector<float> buffer(HG * (2 * D + 2));
     float *q = buffer.data(), *acc = q + HG * D, *m = acc + HG * D, *l = m + HG;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = std::upper_bound(plan.splits.begin(), plan.splits.end(), task) - plan.splits.begin() - 1;
-      const int64_t ranges = plan.splits[b + 1] - plan.splits[b];
-      const int64_t lo = plan.first[b] + (task - plan.splits[b]) * plan.chunk;
-      const int64_t hi = ranges == 1 ? plan.last[b] : std::min(plan.last[b], lo + plan.chunk);
-      const T* qb = queries + b * s.q_stride0;
+    for (int64_t task = bounds[first]; task < bounds[last]; ++task) {
+      const TaskRange r = task_range(plan, task);
+      const T* qb = queries + r.b * s.q_stride0;
       for (int64_t j = 0; j < HG; ++j) {
         for (int64_t d = 0; d < D; ++d) q[j * D + d] = to_float(qb[j * s.q_stride1 + d]) * s.scale;
       }
-      attend(s, q, cache, tables + b * s.table_width, lo, hi, m, l, acc);
-      if (ranges == 1) {
-        write_out(acc, l, HG, D, outs + b * s.o_stride0, s.o_stride1);
+      attend(s, q, cache, tables + r.b * s.table_width, r.lo, r.hi, m, l, acc);
+      if (r.ranges == 1) {
+        write_out(acc, l, HG, D, outs + r.b * s.o_stride0, s.o_stride1);
       } else {
         float* part = parts.data() + task * stride;
         std::copy(buffer.data() + HG * D, buffer.data() + buffer.size(), part);  // acc, m, l
