@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from switchyard.backends.cpu import linear as linear_module
 from switchyard.backends.cpu.linear import PackedLinear, pack_linears, packable_dtypes, packing_supported
 from switchyard.backends.cpu.tuning import choose_single_row_products, matvec_is_faster
 from switchyard.core.layers import Linear, MergedLinear
@@ -38,6 +39,23 @@ def test_packed_linear_matches_f_linear(dtype, bias, rows):
         out = packed(x)
     assert out.shape == (rows, 24) and out.dtype == dtype
     torch.testing.assert_close(out, F.linear(x, plain.weight, plain.bias), **TOLERANCE[dtype])
+
+
+@needs_packing
+@pytest.mark.skipif(torch.bfloat16 not in packable_dtypes(), reason="this CPU cannot pack bf16 weights")
+@pytest.mark.parametrize("one_packing", [True, False])
+def test_bf16_keeps_one_packing_only_where_it_serves_single_rows(one_packing, monkeypatch):
+    """Packed for BF16_BATCH_HINT rows; a second packing for one row only where this CPU
+    measured the batch packing slower at one row (bf16_one_packing)."""
+    assert isinstance(linear_module.bf16_one_packing.__wrapped__(), bool)  # the measurement itself runs
+    monkeypatch.setattr(linear_module, "bf16_one_packing", lambda: one_packing)
+    plain = _filled(Linear(64, 48, bias=True, dtype=torch.bfloat16))
+    packed = PackedLinear(plain.weight, plain.bias)
+    assert (packed._packed_one_row is packed._packed_batch) == one_packing
+    for rows in (1, 5):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        with torch.inference_mode():
+            torch.testing.assert_close(packed(x), F.linear(x, plain.weight, plain.bias), **TOLERANCE[torch.bfloat16])
 
 
 class _TwoLayers(nn.Module):
