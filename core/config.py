@@ -119,9 +119,10 @@ class EngineConfig:
     # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
     # None = the backend's own buckets, () = no graphs.
     graph_batch_sizes: tuple[int, ...] | None = None
-    # Run decode-only steps through graphs compiled at warm-up, on backends that compile them
-    # (CPU: torch.compile, one graph per bucket of graph_batch_sizes). Off by default so the
-    # eager path stays the reference; `switchyard serve` turns it on unless --enforce-eager.
+    # Run decode-only steps the way the backend prepares them at warm-up (CPU: every layer in C++
+    # for models that declare the Llama layout, else torch.compile graphs, one per bucket of
+    # graph_batch_sizes). Off by default so the eager path stays the reference; `switchyard
+    # serve` turns it on unless --enforce-eager.
     compile_decode: bool = False
     # How `switchyard serve` starts its engine process: "tuned" with the environment its backend
     # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,

@@ -93,7 +93,7 @@ _SERVE_SWITCHES = [
     ("--trust-remote-code", ("TRUST_REMOTE_CODE",), "run a checkpoint's own modeling code (config.auto_map)"),
     ("--sharded", ("SHARDED",), "shard the model (TGI's flag); needs --num-shard N > 1"),
     ("--enforce-eager", ("ENFORCE_EAGER",),
-     "run every step eagerly: no CUDA graphs, no CPU decode graphs compiled at warm-up (vLLM's flag)"),
+     "run every step through the Python model: no CUDA graphs, no CPU decode steps in C++ or compiled (vLLM's flag)"),
     ("--disable-prefix-caching", ("DISABLE_PREFIX_CACHING",),
      "do not keep or reuse the KV blocks of earlier prompts (the n sequences of one prompt still share it)"),
 ]
@@ -143,7 +143,7 @@ def engine_config(args: argparse.Namespace):
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction,
                         enable_prefix_caching=not args.disable_prefix_caching)
     return EngineConfig(
-        # vLLM's --enforce-eager: no decode graphs of any kind (CUDA graphs, compiled CPU steps)
+        # vLLM's --enforce-eager: no prepared decode steps of any kind (CUDA graphs, CPU C++ layers or graphs)
         graph_batch_sizes=() if args.enforce_eager else _graph_sizes(args.cuda_graphs),
         compile_decode=not args.enforce_eager,  # otherwise a server compiles its decode steps at warm-up
         model=ModelConfig(model=args.model, dtype=args.dtype, quantize=args.quantize, load_format=args.load_format,

@@ -16,7 +16,8 @@ from torch import nn
 from switchyard.core.layers import Linear
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of `repeats` calls of fn, in seconds."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -34,8 +35,8 @@ def matvec_is_faster(weight: torch.Tensor, repeats: int = 5) -> bool:
     gemm(), gemv()  # first calls pay for packing and page faults
     gemm_s = gemv_s = float("inf")
     for _ in range(repeats):
-        gemm_s = min(gemm_s, _best_seconds(gemm, 2))
-        gemv_s = min(gemv_s, _best_seconds(gemv, 2))
+        gemm_s = min(gemm_s, best_seconds(gemm, 2))
+        gemv_s = min(gemv_s, best_seconds(gemv, 2))
     return gemv_s < gemm_s
 
 
