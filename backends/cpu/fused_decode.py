@@ -16,6 +16,7 @@ the eager engine's token for token in the tests, and logits agree within float r
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -42,8 +43,16 @@ def describe() -> str:
 
 
 def load_decode_layers(cache_root: str) -> ExtensionBuild:
-    return build_extension(cache_root, DECODE_LAYERS_SOURCE, "CPU fused decode layers",
-                           "decode steps run the model's layers", ())
+    """The extension, unavailable (with the reason) when it did not build or registered no
+    DecodeLayers class (a binary built against another torch's ABI loads without it)."""
+    build = build_extension(cache_root, DECODE_LAYERS_SOURCE, "CPU fused decode layers",
+                            "decode steps run the model's layers", ())
+    if build.available:
+        try:
+            getattr(torch.classes, build.name).DecodeLayers
+        except (AttributeError, RuntimeError) as error:
+            return replace(build, ops=None, reason=f"the binary has no DecodeLayers class ({error})"[:300])
+    return build
 
 
 def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | str:

@@ -156,3 +156,15 @@ def test_fused_decode_can_be_switched_off(tmp_path_factory):
 
 def test_a_module_without_a_fused_kernel_is_named():
     assert linear_operands(torch.nn.Linear(4, 4), torch.float32) == "no fused path for Linear"
+
+
+def test_a_binary_without_the_class_is_unavailable(monkeypatch):
+    """As under another torch's ABI: the library loads but registers no DecodeLayers."""
+    from switchyard.backends.cpu import fused_decode
+    from switchyard.backends.cpu.extension import ExtensionBuild
+
+    monkeypatch.setattr(fused_decode, "build_extension",
+                        lambda *args: ExtensionBuild(torch.ops.aten, "", "/tmp/switchyard_no_such_build", 0.0, True))
+    build = load_decode_layers(default_cache_root())
+    assert not build.available and "no DecodeLayers class" in build.reason
+    assert fused_program(object(), build, torch.float32).startswith("the fused decode kernel is unavailable")
