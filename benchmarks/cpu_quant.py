@@ -11,6 +11,9 @@ of a round (benchmarks/cpu_decode_step.py), and the best round is kept. Ratios a
 the float weights. --profile: torch.profiler's top ops of decode steps at concurrency 1 with gguf.
 --forward: instead of engine steps, the model's forward + logits of one decode step alone
 (no scheduler or sampling; min over rounds of the mean of 5 calls), steadier on a busy machine.
+--kernels: no model; every linear of the default model's 30 layers once, in Q4_1 (random valid
+blocks), through the block kernel and torch's int4 kernel, against the same shapes in bf16
+packed by oneDNN, for each --concurrency as the number of rows (best of 10 passes).
 """
 from __future__ import annotations
 
@@ -54,6 +57,42 @@ def forward_ms(core: EngineCore, concurrency: int, context: int, reps: int = 5) 
     return (time.perf_counter() - start) / reps * 1e3
 
 
+def kernel_ms(rows_list: list[int]) -> None:
+    """Prints the --kernels table (see the module docstring)."""
+    from switchyard.backends.cpu.linear import PackedLinear
+    from switchyard.backends.cpu.quant import BlockLinear, Int4Linear, load_block_kernel
+    from switchyard.core.loader.gguf_cache import default_cache_root
+    from switchyard.core.quant import QuantizedWeight
+
+    ops = load_block_kernel(default_cache_root()).ops
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
+    gen = torch.Generator().manual_seed(0)
+
+    def q4_1(out: int, inp: int) -> QuantizedWeight:
+        data = torch.randint(0, 256, (out, inp // 32, 20), dtype=torch.uint8, generator=gen)
+        scales = (torch.rand(out, inp // 32, 2, generator=gen) * 0.02 - 0.005).half()
+        data[..., :4] = scales.view(torch.uint8).reshape(out, inp // 32, 4)
+        return QuantizedWeight("q4_1", (out, inp), data.reshape(out, -1).contiguous())
+
+    weights = [[q4_1(*shape) for shape in shapes] for _ in range(30)]
+    with torch.inference_mode():
+        kinds = {"block": [BlockLinear(w, ops) for layer in weights for w in layer],
+                 "torch int4": [Int4Linear(w) for layer in weights for w in layer],
+                 "bf16 oneDNN": [PackedLinear(w.dequantize(torch.bfloat16), None) for layer in weights for w in layer]}
+        for rows in rows_list:
+            inputs = {k: torch.randn(rows, k).to(torch.bfloat16) for k in (576, 1536)}
+            figures = []
+            for name, modules in kinds.items():
+                best = float("inf")
+                for _ in range(10):
+                    start = time.perf_counter()
+                    for module in modules:
+                        module(inputs[module.in_features])
+                    best = min(best, time.perf_counter() - start)
+                figures.append(f"{name} {best * 1e3:.2f} ms")
+            print(f"{rows:>3} rows: " + ", ".join(figures))
+
+
 def profile(core: EngineCore, steps: int = 20) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     core.add_request(Request("profile", [random.randrange(1000, 40000) for _ in range(180)], params))
@@ -76,7 +115,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--forward", action="store_true", help="time the model's forward alone")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--kernels", action="store_true", help="time the linear kernels alone")
     args = parser.parse_args()
+    if args.kernels:
+        kernel_ms(args.concurrency)
+        return
     print(f"threads={torch.get_num_threads()} context~{args.prompt_tokens}+{args.new_tokens}")
     rng = random.Random(0)
     for concurrency in args.concurrency:
