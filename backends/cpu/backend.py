@@ -169,11 +169,11 @@ class CpuBackend(Backend):
         self._decode.load(cache_root)
         if not config.compile_decode:
             return super().make_runner(loaded, kv_caches, config)
-        fused = self._fused_program(loaded, config, cache_root)
+        layout = loaded.model.decoder_layout()
+        fused = self._fused_program(layout, loaded.dtype, config, cache_root)
         if not isinstance(fused, str):
             logger.info("CPU decode steps: every layer in C++ (fused decode layers)")
-            return FusedDecodeRunner(loaded.model, self, kv_caches, config.cache.block_size,
-                                     loaded.model.decoder_layout(), fused)
+            return FusedDecodeRunner(loaded.model, self, kv_caches, config.cache.block_size, layout, fused)
         logger.info("CPU fused decode layers off (%s): decode steps compiled instead", fused)
         runner = CompiledDecodeRunner(
             loaded.model, self, kv_caches, config.cache.block_size,
@@ -183,15 +183,15 @@ class CpuBackend(Backend):
         runner.compile()
         return runner
 
-    def _fused_program(self, loaded, config, cache_root: str):
-        """The model's fused decode program (fused_decode.py), or why it has none."""
+    def _fused_program(self, layout, dtype: torch.dtype, config, cache_root: str):
+        """The fused decode program (fused_decode.py) of a model's declared layout, or why it has none."""
         if not self.fused_decode:
             return "switched off"
         if self._decode.op is None:
             return "the in-place decode kernel is not loaded"
         if config.parallel.sharded:
             return "tensor-parallel shards"
-        return fused_program(loaded.model.decoder_layout(), load_decode_layers(cache_root), loaded.dtype)
+        return fused_program(layout, load_decode_layers(cache_root), dtype)
 
     def _cannot_compile(self, config) -> str | None:
         """Why decode steps cannot be compiled here, or None."""

@@ -15,7 +15,6 @@ the eager engine's token for token in the tests, and logits agree within float r
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import torch
@@ -29,8 +28,6 @@ from switchyard.core.runner import ModelRunner, build_step_input
 from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
 from .linear import PackedLinear
 from .quant import BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
-
-logger = logging.getLogger(__name__)
 
 DENSE, ONEDNN, BLOCKS, INT8, INT4 = range(5)  # csrc/decode_layers.cpp's linear kinds
 _NONE = torch.empty(0)

@@ -84,11 +84,15 @@ struct Linear {
   }
 };
 
+// Python passes an empty tensor for an absent one (a bias, a batch weight, a q/k norm).
+std::optional<at::Tensor> present(const at::Tensor& x) {
+  return x.defined() && x.numel() > 0 ? std::optional<at::Tensor>(x) : std::nullopt;
+}
+
 // A linear from Python: tensors [weight, aux, bias, batch] (an empty tensor where absent),
 // ints [kind, out_features, bits, batch_rows, single_row_matvec].
 Linear make_linear(const std::vector<at::Tensor>& t, const std::vector<int64_t>& i) {
   TORCH_CHECK(t.size() == 4 && i.size() == 5, "decode_layers: a linear is 4 tensors and 5 ints");
-  auto present = [](const at::Tensor& x) { return x.defined() && x.numel() > 0 ? std::optional<at::Tensor>(x) : std::nullopt; };
   Linear l;
   l.kind = i[0], l.out_features = i[1], l.bits = i[2], l.batch_rows = i[3], l.single_row_matvec = i[4] != 0;
   l.weight = t[0], l.aux = t[1], l.bias = present(t[2]), l.batch = present(t[3]);
@@ -171,7 +175,6 @@ struct DecodeLayers : torch::CustomClassHolder {
     auto part = [&](int k) {
       return make_linear({linears.begin() + 4 * k, linears.begin() + 4 * k + 4}, {ints.begin() + 5 * k, ints.begin() + 5 * k + 5});
     };
-    auto present = [](const at::Tensor& x) { return x.numel() > 0 ? std::optional<at::Tensor>(x) : std::nullopt; };
     layers.push_back(Layer{norms[0], norms[1], present(norms[2]), present(norms[3]), part(0), part(1), part(2), part(3),
                            ints[20]});
   }
