@@ -130,7 +130,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for q, core in engines.items():
                 results[q].append(forward_ms(core, concurrency, args.prompt_tokens) if args.forward
-                                  else decode_step_ms(core, step_args, rng))
+                                  else decode_step_ms(core, concurrency, step_args, rng))
         base = min(results[None])
         for q, figures in results.items():
             rounds = ", ".join(f"{f:.1f}" for f in figures)

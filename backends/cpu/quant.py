@@ -6,10 +6,10 @@ traces under torch.compile (aten ops; the C++ op has a fake implementation).
 
 - q4_0 / q4_1 / q8_0 (GGUF, and the q4_1 blocks --quantize int4 makes): `BlockLinear`,
   csrc/block_matmul.cpp over the weight repacked once into 16-row tiles (block_pack.py; still
-  4 or 8 bits a weight), multiplied in integers (AVX512-VNNI) against activations rounded to
-  int8 per 32 values (llama.cpp's scheme; that rounding is the one difference from the
-  dequantized reference: outputs within ~1% of the largest). On a CPU without AVX512-VNNI,
-  or without a compiler, q4 weights go through torch's int4 CPU kernel (`Int4Linear`,
+  4 or 8 bits a weight), multiplied in integers (AVX512-VNNI, or AVX2) against activations rounded
+  to int8 per 32 values (llama.cpp's scheme; that rounding is the one difference from the
+  dequantized reference: outputs within ~1% of the largest). On a CPU with neither, or without
+  a compiler, q4 weights go through torch's int4 CPU kernel (`Int4Linear`,
   `_weight_int4pack_mm_for_cpu`, groups of 32), which dequantizes w = (q - 8) * scale + zero:
   q4_1's w = d*q + m is scale d, zero m + 8d; q4_0's w = d*(q - 8) is scale d, zero 0; and
   q8_0 weights are dequantized, with the reason logged.
@@ -44,6 +44,7 @@ from .linear import PackedLinear, packable_dtypes
 logger = logging.getLogger(__name__)
 
 INT4_FORMATS = ("q4_0", "q4_1")
+FAST_BLOCK_ISAS = ("avx512-vnni", "avx2")  # block_mm_isa() values faster than torch's kernels
 INNER_K_TILES = 2  # the int4 pack's tiling (2, 4 or 8 all divide the 576-wide default model)
 INT4_ROWS = 16  # the int4 pack wants a multiple of 16 output rows; others are padded
 
@@ -167,10 +168,10 @@ def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: 
     many); a weight with no kernel here is dequantized into the Linear's float weight (which
     pack_linears then packs), with one logged reason per format."""
     block_ops = blocks.ops if blocks is not None and blocks.available else None
-    if block_ops is not None and block_ops.block_mm_isa() != "avx512-vnni":
+    if block_ops is not None and block_ops.block_mm_isa() not in FAST_BLOCK_ISAS:
         # the portable loop is for correctness, not speed: torch's int4 kernel and a float
         # q8_0 weight are faster than it
-        block_ops, blocks = None, replace(blocks, ops=None, reason="the block kernel needs AVX512-VNNI")
+        block_ops, blocks = None, replace(blocks, ops=None, reason="the block kernel needs AVX512-VNNI or AVX2")
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, Linear) and module.quantized is not None]
     dequantized: set[str] = set()

@@ -416,3 +416,27 @@ def test_engine_decodes_in_place_with_the_same_tokens(tmp_path):
         outputs.append(tokens)
     assert len(in_place_calls) >= 2 * 19  # both layers, every decode step
     assert outputs[0] == outputs[1] and all(len(t) == 20 for t in outputs[0].values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["avx2", "portable"])
+def test_other_instruction_sets_attend_the_same(variant, tmp_path):
+    """The kernel as an AVX2-only CPU builds it (vec16.h's pairs of 8-lane registers) and as
+    the portable loops: both head dims that are specialised, a generic one, GQA, a window and a
+    soft cap, float32 and bfloat16 caches."""
+    from kernel_variants import build_variant
+
+    ops = build_variant(extension.SOURCE, variant, tmp_path)
+    rng = random.Random(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        for head_dim, group, window, soft_cap in ((64, 3, None, None), (128, 1, 37, None), (80, 4, None, 5.0)):
+            gen = torch.Generator().manual_seed(head_dim)
+            lens = [(1, n) for n in (1, 15, 16, 17, 97, 300)]
+            meta = make_meta(lens, len(lens), 16, 64, rng)
+            cache = torch.randn(2, 64, 16, 2, head_dim, generator=gen).to(dtype)
+            query = torch.randn(len(lens), 2 * group, head_dim, generator=gen).to(dtype)
+            out = torch.empty_like(query)
+            ops.paged_decode(out, query, cache, meta.block_table, meta.seq_lens, 0.125, window or 0, soft_cap or 0.0)
+            expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
+                                                 meta.block_table, 0.125, window, soft_cap)
+            torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])

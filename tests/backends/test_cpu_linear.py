@@ -13,9 +13,8 @@ from switchyard.core.layers import Linear, MergedLinear
 from switchyard.core.layers.linear import linear
 
 needs_packing = pytest.mark.skipif(not packing_supported(), reason="this torch has no oneDNN linear packing")
-# bf16 packing needs AVX-512 or AVX-NE-CONVERT; an AVX2-only CPU keeps bf16 weights unpacked
-PACKED_DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    torch.bfloat16 not in packable_dtypes(), reason="this CPU cannot pack bf16 weights (no AVX-512)"))]
+# bf16 packing needs AVX-512 or AVX-NE-CONVERT; an AVX2-only CPU packs bf16 weights as float32
+PACKED_DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
 
 
@@ -83,13 +82,32 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_output(dtype):
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
 
-def test_only_packable_dtypes_are_packed():
-    """bf16 stays a plain Linear where this CPU cannot pack it (and is packed where it can)."""
+@needs_packing
+def test_bf16_is_packed_natively_or_as_float32():
+    """bf16 weights are packed in bf16 where this CPU can, else as float32 (the same values),
+    multiplied in float32 and rounded to bf16: the result of float32 accumulation either way."""
     model = nn.Sequential(_filled(Linear(8, 8, dtype=torch.bfloat16)))
-    assert pack_linears(model) == int(torch.bfloat16 in packable_dtypes())
-    assert isinstance(model[0], PackedLinear if torch.bfloat16 in packable_dtypes() else Linear)
+    assert pack_linears(model) == 1 and isinstance(model[0], PackedLinear)
+    inside = torch.bfloat16 if torch.bfloat16 in packable_dtypes() else torch.float32
+    assert model[0]._packed_one_row.dtype == inside
     with torch.inference_mode():
         assert model(torch.randn(2, 8).bfloat16()).dtype == torch.bfloat16
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 3, 33])
+def test_bf16_weights_packed_as_float32_round_once(rows, monkeypatch):
+    """The AVX2 path (forced here): exactly float32's product of the bf16 values, rounded once."""
+    monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
+    plain = _filled(Linear(40, 24, bias=True, dtype=torch.bfloat16))
+    packed = PackedLinear(plain.weight, plain.bias)
+    assert packed._packed_batch.dtype == torch.float32 and "multiplied in torch.float32" in repr(packed)
+    x = torch.randn(rows, 40).bfloat16()
+    with torch.inference_mode():
+        out = packed(x)
+    expected = F.linear(x.float(), plain.weight.float(), plain.bias.float()).bfloat16()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=8e-3)
 
 
 def test_float16_linears_are_not_packed():

@@ -19,6 +19,7 @@ from switchyard.core.loader.gguf_cache import default_cache_root
 from switchyard.core.quant import BLOCK_BYTES, QuantizedWeight, quantize_int4, quantize_int8
 from switchyard.core.quant.apply import QuantizeError, quantize_model
 from switchyard.core.loader.gguf_packed import unpermute_rows
+from kernel_variants import build_variant
 
 # The bf16 kernels (torch's int4 and int8, and every batch path) round activations and scales
 # to bf16: outputs within 1% of the largest output. The block kernel rounds activations to int8
@@ -112,24 +113,22 @@ def test_block_kernel_is_exact_on_int8_rounded_activations(fmt, rows, block_ops)
 
 
 @pytest.mark.slow
-def test_portable_block_loop_computes_the_same(tmp_path):
-    """The loop a CPU without AVX512-VNNI builds (forced here with SY_BLOCK_PORTABLE)."""
-    from torch.utils.cpp_extension import load
+@pytest.mark.parametrize("variant", ["portable", "avx2"])
+def test_other_instruction_sets_compute_the_same(variant, tmp_path):
+    """The loops a CPU without AVX512-VNNI builds: AVX2's vpmaddubsw halves, or the portable
+    loop (forced with SY_BLOCK_PORTABLE), on every row-tile size and a partial last tile."""
+    from switchyard.backends.cpu.extension import BLOCK_SOURCE
 
-    from switchyard.backends.cpu.extension import BLOCK_SOURCE, CFLAGS, LDFLAGS
-
-    name = "switchyard_block_matmul_portable_test"
-    load(name=name, sources=[BLOCK_SOURCE], extra_cflags=[*CFLAGS, "-DSY_BLOCK_PORTABLE"],
-         extra_ldflags=list(LDFLAGS), build_directory=str(tmp_path), is_python_module=False)
-    ops = getattr(torch.ops, name)
-    assert ops.block_mm_isa() == "portable"
+    ops = build_variant(BLOCK_SOURCE, variant, tmp_path)
+    assert ops.block_mm_isa() == variant
     for fmt in BLOCK_FORMATS:
         weight = random_blocks(fmt, 40, 128, seed=5)
-        x = torch.randn(5, 128)
         packed = pack_blocks(weight)
-        expected = int8_blocks(x) @ weight.dequantize().T
-        torch.testing.assert_close(ops.block_mm(x, packed.data, 40, packed.bits), expected,
-                                   rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+        for rows in (1, 4, 5):
+            x = torch.randn(rows, 128)
+            expected = int8_blocks(x) @ weight.dequantize().T
+            torch.testing.assert_close(ops.block_mm(x, packed.data, 40, packed.bits), expected,
+                                       rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "int8", "q8_0", "torch-int4"])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from switchyard.backends.cpu import CpuBackend
+from switchyard.backends.cpu.linear import packable_dtypes
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
 from switchyard.core.loader import load_model
 from switchyard.core.testing.batches import make_meta
@@ -20,8 +21,16 @@ PROMPTS = [[1, 504, 3458, 282, 4649, 314], [28, 1322, 3596, 2071, 28, 30, 46, 9,
 # reference in float32. Measured on these prompts (logits up to ~33): the typical position's
 # largest logit difference ~0.3, the worst position's up to ~8 (bf16 rounding of the huge
 # activations of a prompt's first tokens); argmax agreement 0.91.
-MEDIAN_POSITION_ATOL = 0.75
+# Where oneDNN cannot pack bf16 (AVX2 CPUs) there is no batch path: every row goes through the
+# block kernel, whose one rounding is the activations' to int8 per 32 values: measured on an
+# AVX2 EPYC, median 0.82, worst 2.9, argmax agreement 0.93.
+MEDIAN_POSITION_ATOL = {"bf16 batches": 0.75, "block kernel": 1.1}
 MIN_ARGMAX_AGREEMENT = 0.85
+
+
+def _batch_path() -> str:
+    """How the packed model multiplies a prompt's rows on this CPU (backends/cpu/quant.py)."""
+    return "bf16 batches" if torch.bfloat16 in packable_dtypes() else "block kernel"
 
 
 def _loaded(quantize):
@@ -48,17 +57,20 @@ def test_packed_gguf_matches_the_dequantized_file():
     kinds = {type(m).__name__ for m in packed.model.modules()}
     assert "BlockLinear" in kinds and "Linear" not in kinds  # no float linear left
     assert packed.model.model.embed_tokens.quantized.format == "q8_0"
+    path = _batch_path()
     out, expected = _prefill_logits(packed), _prefill_logits(dense)
     per_position = (out - expected).abs().amax(-1)
     agree = (out.argmax(-1) == expected.argmax(-1)).float().mean().item()
-    print(f"prefill logits: per-position max |diff| median {per_position.median():.3f}, worst "
+    print(f"{path}: prefill logits: per-position max |diff| median {per_position.median():.3f}, worst "
           f"{per_position.max():.3f} (max |logit| {expected.abs().max():.1f}); argmax agreement {agree:.3f}")
-    assert per_position.median() < MEDIAN_POSITION_ATOL and agree >= MIN_ARGMAX_AGREEMENT
+    assert per_position.median() < MEDIAN_POSITION_ATOL[path] and agree >= MIN_ARGMAX_AGREEMENT
 
 
 # Greedy decoding drifts once two near-tied tokens swap; measured: 113 of 126 tokens before the
-# first difference (4 prompts x 32 tokens, two ending early at EOS), all of two prompts.
-MIN_COMMON_PREFIX = 0.6
+# first difference (4 prompts x 32 tokens, two ending early at EOS), all of two prompts; with
+# the block kernel on every row (AVX2), whose int8 activations differ ~3x more from float32
+# than bf16 ones do, 68 of 126 (a broken kernel differs from the first token).
+MIN_COMMON_PREFIX = {"bf16 batches": 0.6, "block kernel": 0.4}
 
 
 @pytest.mark.slow
@@ -77,4 +89,4 @@ def test_packed_gguf_greedy_tokens_agree_with_the_dequantized_file():
         common += next((i for i, (a, b) in enumerate(zip(packed, dense)) if a != b), min(len(packed), len(dense)))
         total += len(dense)
     print(f"greedy: {common} of {total} tokens before the first difference")
-    assert common >= MIN_COMMON_PREFIX * total
+    assert common >= MIN_COMMON_PREFIX[_batch_path()] * total

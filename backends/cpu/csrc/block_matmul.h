@@ -19,7 +19,8 @@
 // where sum_k(u qa) is 8 vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
 // activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
 // group of kRowsPerTile input rows. Work is split over tiles with at::parallel_for (built with
-// -fopenmp). Without AVX512-VNNI a portable loop does the same arithmetic.
+// -fopenmp). With AVX2 (no AVX512-VNNI) each tile is two halves of 8 rows, each multiplied
+// with vpmaddubsw (see the AVX2 section); without either a portable loop does the same arithmetic.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -32,7 +33,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -40,6 +41,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__) && \
     !defined(SY_BLOCK_PORTABLE)
 #define SY_BLOCK_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SY_BLOCK_PORTABLE)
+#define SY_BLOCK_AVX2 1
 #endif
 
 namespace {
@@ -144,6 +147,85 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
     }
   }
 }
+#elif defined(SY_BLOCK_AVX2)
+// AVX2: a 256-bit register holds 8 rows' lanes, so a tile is two halves (rows 8h..8h+7: bytes
+// 32h..32h+31 of every 64-byte chunk or group, fp16 fields 8h..8h+7), multiplied one after the
+// other (a tile's records, at most a few KB, stay in L1 for the second half). vpmaddubsw takes
+// u8 weights times s8 activations into int16 pair sums:
+// - 4 bits: u <= 15 and |qa| <= 127, so even the 8 chunks' sum stays below 2^15: a block is
+//   8 vpmaddubsw, 7 int16 adds and one vpmaddwd to int32.
+// - 8 bits: u up to 255 would saturate int16, so u is turned back into q = u - 128 (u ^ 0x80 as
+//   s8) and multiplied as |q| times qa with q's sign (llama.cpp's AVX2 q8_0 dot), each chunk
+//   widened to int32 at once. That sums q qa = u qa - 128 qa, so the block's c becomes c + 128 d.
+template <int64_t Bits>
+inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
+  const auto at = [&](int64_t offset) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + offset + 32 * h)); };
+  if constexpr (Bits == 8) {
+    const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int j = 0; j < 8; ++j) w[j] = _mm256_xor_si256(at(64 * j), sign);
+  } else {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i v = at(64 * g);
+      w[2 * g] = _mm256_and_si256(v, low);
+      w[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+  }
+}
+
+// The int32 dots of 8 rows' block (w) with one row's quantized block (a, 8 groups of 4 bytes).
+template <int64_t Bits>
+inline __m256i block_dot(const __m256i w[8], const int32_t* a) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Bits == 4) {
+    __m256i sum = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(a[0]));
+    for (int j = 1; j < 8; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(a[j])));
+    return _mm256_madd_epi16(sum, ones);
+  } else {
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[j]), _mm256_sign_epi8(_mm256_set1_epi32(a[j]), w[j]));
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+    }
+    return sum;
+  }
+}
+
+template <int64_t Bits, typename T>
+void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
+           int64_t t_begin, int64_t t_end) {
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits);
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint8_t* tile = packed + t * blocks * record;
+    const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
+        const int64_t rows = std::min(kRowsPerTile, M - m0);
+        __m256 acc[kRowsPerTile];
+        for (int64_t m = 0; m < kRowsPerTile; ++m) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* rec = tile + b * record;
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+          __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
+          if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+          __m256i w[8];
+          unpack_half<Bits>(rec + kHeader, h, w);
+          for (int64_t m = 0; m < rows; ++m) {
+            const int64_t at = (m0 + m) * blocks + b;
+            const __m256i dot = block_dot<Bits>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(in.scale[at])), acc[m]);
+            acc[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(in.scaled_sum[at]), acc[m]);
+          }
+        }
+        for (int64_t m = 0; m < rows; ++m) {
+          alignas(32) float values[8];
+          _mm256_store_ps(values, acc[m]);
+          store_row(out + (m0 + m) * N + t * kTileRows + 8 * h, values, std::min<int64_t>(8, rows_here - 8 * h));
+        }
+      }
+    }
+  }
+}
 #else
 template <int64_t Bits, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
@@ -215,11 +297,13 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, int64_t out_f
   return out;
 }
 
-// "avx512-vnni" or "portable": which loop this build runs (the caller prefers another kernel
-// over the portable loop where it has one).
+// "avx512-vnni", "avx2" or "portable": which loop this build runs (the caller prefers another
+// kernel over the portable loop where it has one).
 std::string block_mm_isa() {
 #if defined(SY_BLOCK_VNNI)
   return "avx512-vnni";
+#elif defined(SY_BLOCK_AVX2)
+  return "avx2";
 #else
   return "portable";
 #endif

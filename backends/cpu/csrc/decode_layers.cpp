@@ -18,7 +18,8 @@
 //
 // A linear is one of five kinds (fused_decode.py's LinearKind says which module each is):
 //   0 dense: at::linear (or matrix-vector for one row, as core/layers/linear.py decides)
-//   1 onednn: a weight packed by oneDNN (linear.py), mkldnn::_linear_pointwise
+//   1 onednn: a weight packed by oneDNN (linear.py), mkldnn::_linear_pointwise (in float32 for a
+//     bf16 weight where oneDNN packs no bf16)
 //   2 blocks: q4_0/q4_1/q8_0 tiles (block_matmul.h), with a oneDNN bf16 copy for big batches
 //   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
 #include <ATen/ATen.h>
@@ -66,7 +67,12 @@ struct Linear {
       }
       return at::linear(x, weight, bias);
     }
-    if (kind == kOnednn) return onednn_linear(x, batch && x.size(0) > batch_rows ? *batch : weight, bias);
+    if (kind == kOnednn) {
+      const at::Tensor& packed = batch && x.size(0) > batch_rows ? *batch : weight;
+      if (packed.scalar_type() == x.scalar_type()) return onednn_linear(x, packed, bias);
+      // a bf16 weight packed as float32 (linear.py, CPUs without bf16 packing)
+      return onednn_linear(x.to(packed.scalar_type()), packed, bias).to(x.scalar_type());
+    }
     at::Tensor out;
     if (batch && x.size(0) > batch_rows) {
       out = onednn_linear(x.to(at::kBFloat16), *batch, std::nullopt).to(x.scalar_type());

@@ -15,8 +15,8 @@
 // of at least kMinSplit (flash-decoding's split-KV), and the ranges' (m, l, acc) are merged
 // afterwards, so that a single long request still keeps every thread busy.
 //
-// The arithmetic: with AVX-512 and a head dim that is a multiple of 16,
-// paged_decode_avx512.h; otherwise the portable loops below, written for the compiler to
+// The arithmetic: with AVX-512 or AVX2 and a head dim that is a multiple of 16,
+// paged_decode_simd.h; otherwise the portable loops below, written for the compiler to
 // vectorise (-O3, -march=native, -fopenmp-simd).
 //
 // Layouts: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim] contiguous;
@@ -33,9 +33,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include "paged_decode_avx512.h"
-#endif
+#include "paged_decode_simd.h"
 
 namespace {
 namespace paged {
@@ -58,9 +56,9 @@ struct Shape {
   int64_t window;
 };
 
-// ---- the portable arithmetic (no AVX-512, or a head dim that is not a multiple of 16) ----
+// ---- the portable arithmetic (no AVX-512 or AVX2, or a head dim that is not a multiple of 16) ----
 
-// exp(x) for x <= 0 (Cephes expf, as exp16 in the AVX-512 header), branch-free so loops vectorise.
+// exp(x) for x <= 0 (Cephes expf, as vec16::exp), branch-free so loops vectorise.
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.0f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
@@ -161,7 +159,7 @@ TaskPlan plan_tasks(const Shape& s, const int32_t* lens, int64_t batch) {
   }
   const int64_t wanted = kTasksPerThread * at::get_num_threads();
   const bool split = batch < wanted;
-  // each task about total / wanted positions, a multiple of 16 (the AVX-512 tile)
+  // each task about total / wanted positions, a multiple of 16 (the vector tile)
   const int64_t share = (total + wanted - 1) / wanted;
   plan.chunk = split ? (std::max(kMinSplit, share) + 15) / 16 * 16 : INT64_MAX;
   for (int64_t b = 0; b < batch; ++b) {
@@ -237,33 +235,33 @@ template <typename T>
 using RangeFn = void (*)(const Shape&, const float*, const T*, const int32_t*, int64_t, int64_t, float*, float*,
                          float*);
 
-#if defined(__AVX512F__)
+#if defined(SY_VEC16)
 template <typename T, int64_t kD, int64_t kG>
-void attend_range_avx512(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
+void attend_range_simd(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
                          int64_t hi, float* m, float* l, float* acc) {
-  const paged_decode_avx512::Rows rows{cache, table, s.block_size, s.num_kv_heads, s.kv_half};
-  paged_decode_avx512::attend_range<T, kD, kG>(rows, q, s.head_dim, s.group, s.soft_cap, lo, hi, m, l, acc);
+  const paged_decode_simd::Rows rows{cache, table, s.block_size, s.num_kv_heads, s.kv_half};
+  paged_decode_simd::attend_range<T, kD, kG>(rows, q, s.head_dim, s.group, s.soft_cap, lo, hi, m, l, acc);
 }
 
 // Code specialised for the common head dims and groups (acc in registers), generic otherwise.
 template <typename T, int64_t kD>
 RangeFn<T> for_group(int64_t group) {
   switch (group) {
-    case 1: return &attend_range_avx512<T, kD, 1>;
-    case 2: return &attend_range_avx512<T, kD, 2>;
-    case 3: return &attend_range_avx512<T, kD, 3>;
-    case 4: return &attend_range_avx512<T, kD, 4>;
-    default: return &attend_range_avx512<T, 0, 0>;
+    case 1: return &attend_range_simd<T, kD, 1>;
+    case 2: return &attend_range_simd<T, kD, 2>;
+    case 3: return &attend_range_simd<T, kD, 3>;
+    case 4: return &attend_range_simd<T, kD, 4>;
+    default: return &attend_range_simd<T, 0, 0>;
   }
 }
 #endif
 
 template <typename T>
 RangeFn<T> choose_arithmetic(const Shape& s) {
-#if defined(__AVX512F__)
+#if defined(SY_VEC16)
   if (s.head_dim == 64) return for_group<T, 64>(s.group);
   if (s.head_dim == 128) return for_group<T, 128>(s.group);
-  if (s.head_dim % 16 == 0) return &attend_range_avx512<T, 0, 0>;
+  if (s.head_dim % 16 == 0) return &attend_range_simd<T, 0, 0>;
 #endif
   return &attend_heads_portable<T>;
 }

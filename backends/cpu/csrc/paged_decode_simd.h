@@ -1,0 +1,122 @@
+// The vector body of paged_decode.h: one task's attention over a range of positions, on
+// vec16.h's 16-lane vectors (AVX-512, or AVX2 in pairs of registers).
+//
+// A task is one request's query heads over positions [lo, hi). Positions go in tiles of 16
+// (a tile may straddle cache blocks: its rows are found through the block table one by
+// one); on each tile, each KV head's `group` query heads together (GQA folded: every K/V
+// row is read once for all of them):
+//   scores  for each row, one fused multiply-add chain per query head leaves 16 partial
+//           sums in a vector; a transposing reduction (vec16::hsum) turns the tile's 16 such
+//           vectors into one vector of 16 scores;
+//   softmax online, in float32, per query head: running max m and sum l, and the
+//           unnormalised output acc rescaled once per tile;
+//   values  acc += p * v, row by row, with acc held in registers across the tile when the
+//           head dim and group are compile-time constants.
+// Rows are converted bf16 -> float32 once per row (a shift of the 16 bits), then shared
+// by the group's heads. head_dim must be a multiple of 16.
+#pragma once
+
+#include "vec16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if defined(SY_VEC16)
+namespace paged_decode_simd {
+
+using vec16::V;
+constexpr int64_t kTile = 16;  // rows per tile: one score vector
+
+// What a task needs to find its rows: `table` is the request's block-table row.
+struct Rows {
+  const void* cache;
+  const int32_t* table;
+  int64_t block_size, num_kv_heads, kv_half;
+};
+
+// One tile (n <= 16 rows, `key` their first KV head's key rows) for the G query heads of
+// KV head h: scores, online softmax update of m[G], l[G], and acc[G * D] += p * v.
+template <typename T, int64_t kD, int64_t kG>
+inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t kv_half, const float* q,
+                        int64_t head_dim, int64_t group, float soft_cap, float* m, float* l, float* acc) {
+  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, C = D / 16;
+  constexpr int64_t kAcc = kD > 0 && kG > 0 ? kD / 16 * kG : 16 * 16;  // registers of acc
+  V a[kAcc], partial[16 * kTile];  // partial: [G][kTile]; 16 is the largest group
+  alignas(64) float p[16 * kTile];
+  for (int64_t t = 0; t < n; ++t) {
+    V k[kD > 0 ? kD / 16 : 16];
+    for (int64_t c = 0; c < C; ++c) k[c] = vec16::load(key[t] + offset + 16 * c);
+    for (int64_t g = 0; g < G; ++g) {
+      V sum = vec16::mul(vec16::load(q + g * D), k[0]);
+      for (int64_t c = 1; c < C; ++c) sum = vec16::fmadd(vec16::load(q + g * D + 16 * c), k[c], sum);
+      partial[g * kTile + t] = sum;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = n; t < kTile; ++t) partial[g * kTile + t] = vec16::zero();
+    V s = vec16::hsum(partial + g * kTile);
+    if (soft_cap > 0.0f) s = vec16::soft_cap(s, soft_cap);
+    s = vec16::first(s, n, -INFINITY);
+    const float new_max = std::max(m[g], vec16::reduce_max(s));
+    const float alpha = std::exp(m[g] - new_max);  // 0 on the first tile (m = -inf)
+    const V e = vec16::first(vec16::exp(vec16::sub(s, vec16::set1(new_max))), n, 0.0f);
+    l[g] = l[g] * alpha + vec16::reduce_add(e);
+    m[g] = new_max;
+    vec16::store(p + g * kTile, e);
+    const V scale = vec16::set1(alpha);
+    for (int64_t c = 0; c < C; ++c) a[g * C + c] = vec16::mul(vec16::load(acc + g * D + 16 * c), scale);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    V v[kD > 0 ? kD / 16 : 16];
+    for (int64_t c = 0; c < C; ++c) v[c] = vec16::load(key[t] + kv_half + offset + 16 * c);
+    for (int64_t g = 0; g < G; ++g) {
+      const V weight = vec16::set1(p[g * kTile + t]);
+      for (int64_t c = 0; c < C; ++c) a[g * C + c] = vec16::fmadd(weight, v[c], a[g * C + c]);
+    }
+  }
+  for (int64_t i = 0; i < G * C; ++i) vec16::store(acc + 16 * i, a[i]);
+}
+
+// Attention of every query head (q [H * G * D], float32, already scaled) over positions
+// [lo, hi) of the request; writes the running max m[H * G], sum l[H * G] and unnormalised
+// acc[H * G * D]. A tile's rows hold all KV heads side by side, so the heads are taken one
+// after the other on the same tile, which then stays in the core's cache.
+template <typename T, int64_t kD, int64_t kG>
+void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t group, float soft_cap, int64_t lo,
+                  int64_t hi, float* m, float* l, float* acc) {
+  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, H = rows.num_kv_heads;
+  const int64_t row_stride = H * D;
+  const T* cache = static_cast<const T*>(rows.cache);
+  std::fill(acc, acc + H * G * D, 0.0f);
+  std::fill(m, m + H * G, -INFINITY);
+  std::fill(l, l + H * G, 0.0f);
+  int64_t block = lo / rows.block_size, offset = lo % rows.block_size;
+  // the rows of the next tile: found (and prefetched) one tile ahead, since blocks lie
+  // anywhere in the cache and the hardware prefetcher cannot guess the next one
+  const auto find_rows = [&](int64_t n, const T** key) {
+    for (int64_t t = 0; t < n; ++t) {
+      key[t] = cache + (static_cast<int64_t>(rows.table[block]) * rows.block_size + offset) * row_stride;
+      if (++offset == rows.block_size) offset = 0, ++block;
+      for (int64_t byte = 0; byte < row_stride * static_cast<int64_t>(sizeof(T)); byte += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(key[t]) + byte, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(key[t] + rows.kv_half) + byte, _MM_HINT_T0);
+      }
+    }
+  };
+  const T* key[kTile];
+  const T* next[kTile];
+  find_rows(std::min<int64_t>(kTile, hi - lo), next);
+  for (int64_t pos = lo; pos < hi; pos += kTile) {
+    const int64_t n = std::min<int64_t>(kTile, hi - pos);
+    std::copy(next, next + n, key);
+    if (pos + kTile < hi) find_rows(std::min<int64_t>(kTile, hi - pos - kTile), next);
+    for (int64_t h = 0; h < H; ++h) {
+      attend_tile<T, kD, kG>(key, n, h * D, rows.kv_half, q + h * G * D, D, G, soft_cap, m + h * G, l + h * G,
+                             acc + h * G * D);
+    }
+  }
+}
+
+}  // namespace paged_decode_simd
+#endif  // SY_VEC16
