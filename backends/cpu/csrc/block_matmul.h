@@ -157,6 +157,12 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 // - 8 bits: u up to 255 would saturate int16, so u is turned back into q = u - 128 (u ^ 0x80 as
 //   s8) and multiplied as |q| times qa with q's sign (llama.cpp's AVX2 q8_0 dot), each chunk
 //   widened to int32 at once. That sums q qa = u qa - 128 qa, so the block's c becomes c + 128 d.
+// Weights are read once per step, from memory: each record's lines are prefetched this far
+// ahead (a thread's tiles are contiguous). 2-core AVX2 EPYC, the default model's 120 Q4_1
+// linears at one row: 8.6-9.3 ms without, 6.1-7.9 with 2 KB (0.5 and 1 KB in between); its
+// Q8_0 LM head 2.6-2.8 ms without, 1.5-1.9 with.
+constexpr int64_t kPrefetchBytes = 2048;
+
 template <int64_t Bits>
 inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
   const auto at = [&](int64_t offset) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + offset + 32 * h)); };
@@ -205,6 +211,9 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
         for (int64_t m = 0; m < kRowsPerTile; ++m) acc[m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; ++b) {
           const uint8_t* rec = tile + b * record;
+          if (h == 0 && m0 == 0) {
+            for (int64_t line = 0; line < record; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+          }
           const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
           __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
           if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
