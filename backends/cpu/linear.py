@@ -98,9 +98,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packed = self._packed_one_row if x.shape[0] == 1 else self._packed_batch
-        if packed.dtype != x.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, self.bias, "none", [], "").to(x.dtype)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        # .to is a no-op unless a bf16 weight was packed as float32
+        return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, self.bias, "none", [], "").to(x.dtype)
 
     def extra_repr(self) -> str:
         inside = "" if self._packed_one_row.dtype == self.dtype else f", multiplied in {self._packed_one_row.dtype}"
