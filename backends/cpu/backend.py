@@ -16,7 +16,8 @@ from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
 from .fused_decode import describe as describe_fused
-from .linear import pack_linears, packing_supported
+from .linear import describe as describe_linears
+from .linear import load_rows_kernel, pack_linears, packing_supported, rows_kernel_serves
 from .quant import load_block_kernel, pack_quantized
 from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
 from .tuning import choose_single_row_products
@@ -114,8 +115,8 @@ class CpuBackend(Backend):
 
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
-        return (f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; linear weights packed "
-                f"for oneDNN; {describe_fused()}: {describe_compiled(_cache_root(cache_dir))}")
+        return (f"decodes: {decodes}; prompt chunks and gathered decodes: {GATHER_IMPL}; {describe_linears()}; "
+                f"{describe_fused()}: {describe_compiled(_cache_root(cache_dir))}")
 
     @property
     def device(self) -> torch.device:
@@ -150,13 +151,14 @@ class CpuBackend(Backend):
 
     def prepare_model(self, loaded, config) -> None:
         """Swaps quantized linears for their kernels (quant.py), packs the float linear weights
-        for oneDNN (linear.py), then tells the remaining linears how this CPU multiplies a
+        for oneDNN (linear.py; bf16 ones with the bf16 row kernel where bf16 does not pack), then tells the remaining linears how this CPU multiplies a
         single row (tuning.py). The plain runner runs the result."""
         if config.model.quantize is not None:
             blocks = load_block_kernel(_cache_root(config.model.cache_dir))
             pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
         if self.pack_weights:
-            pack_linears(loaded.model)
+            rows = load_rows_kernel(_cache_root(config.model.cache_dir)) if rows_kernel_serves(loaded.dtype) else None
+            pack_linears(loaded.model, rows.ops if rows is not None else None)
         choose_single_row_products(loaded.model)
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):

@@ -1,6 +1,7 @@
 """Builds and loads the CPU backend's C++ kernels (csrc/*.cpp, one extension per source file):
-the decode-attention kernel (paged_decode.cpp), the block-format matmul (block_matmul.cpp) and
-the fused decode layers (decode_layers.cpp, which includes the other two's headers).
+the decode-attention kernel (paged_decode.cpp), the block-format matmul (block_matmul.cpp), the
+bf16 few-rows matmul (row_matmul.cpp) and the fused decode layers (decode_layers.cpp, which
+includes the others' headers).
 
 Compiled with torch's extension mechanism on first use of the backend (the engine's
 warm-up, never at import), into `<cache root>/torch_extensions/<name>`, a directory
@@ -34,6 +35,7 @@ SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
 SOURCE = os.path.join(SOURCES, "paged_decode.cpp")
 BLOCK_SOURCE = os.path.join(SOURCES, "block_matmul.cpp")
 DECODE_LAYERS_SOURCE = os.path.join(SOURCES, "decode_layers.cpp")
+ROWS_SOURCE = os.path.join(SOURCES, "row_matmul.cpp")
 # -fopenmp: at::parallel_for is inline OpenMP (ATen/ParallelOpenMP.h); without it the pragma is
 # ignored and a kernel runs on one thread. The binaries then share torch's OpenMP runtime.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")

@@ -18,7 +18,10 @@ Where oneDNN packs float32 but not bf16 (AVX2 CPUs: no AVX-512, so no bf16 arith
 weight is packed as float32 (the same values, exactly) and multiplied in float32, its output
 rounded to bf16: what a bf16 matmul with float32 accumulation computes, at float32's speed.
 Unpacked, torch's bf16 matmul there converts on every call: SmolLM2-135M on a 2-core AVX2 EPYC,
-a 32-row decode step 650 ms in bf16 against 210 ms in float32. It costs 4 bytes per weight.
+a 32-row decode step 650 ms in bf16 against 210 ms in float32. Steps of up to
+ROWS_KERNEL_MAX_ROWS rows, bound by memory bandwidth, then multiply the bf16 weight itself with
+csrc/row_matmul.h's kernel (2 bytes read per weight instead of 4); the float32 packing serves
+batches. 6 bytes per weight in all.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from torch import nn
 
 from switchyard.core.layers import Linear
 
+from .extension import ROWS_SOURCE, ExtensionBuild, build_extension
 from .tuning import best_seconds
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -54,6 +58,47 @@ def packing_supported() -> bool:
 BF16_BATCH_HINT = 64
 
 
+# Rows up to which a bf16 weight packed as float32 is multiplied by the bf16 row kernel instead.
+# 2-core AVX2 EPYC (Zen 3), the default model's 120 layer linears with distinct weights (torch
+# 2.13), row kernel / float32 oneDNN packed for batches: 15-24 / 30-40 ms at 1 row, 18-25 / 34-42
+# at 4, 33-39 / 41-51 at 8, 60 / 60 at 16 (the kernel turns compute-bound past a few rows).
+ROWS_KERNEL_MAX_ROWS = 8
+
+_FAKES: set[str] = set()
+
+
+def rows_kernel_serves(dtype: torch.dtype) -> bool:
+    """Whether linears of this dtype would be packed as float32 copies here (bf16 where oneDNN
+    packs float32 only), so that the bf16 row kernel serves their few-row steps."""
+    dtypes = packable_dtypes()
+    return dtype == torch.bfloat16 and dtype not in dtypes and torch.float32 in dtypes
+
+
+def load_rows_kernel(cache_root: str) -> ExtensionBuild:
+    """Builds (or reuses) the bf16 row kernel (csrc/row_matmul.cpp); unavailable, with the reason,
+    where it did not build or would run its portable loop (no AVX2: slower than oneDNN float32)."""
+    build = build_extension(cache_root, ROWS_SOURCE, "CPU bf16 row matmul",
+                            "bf16 decode steps multiply float32 copies of the weights", ("bf16_rows_mm",))
+    if build.available and build.ops.rows_mm_isa() == "portable":
+        return ExtensionBuild(None, "no AVX2 on this CPU", build.directory, build.seconds, build.cache_hit)
+    if build.available and build.name not in _FAKES:
+        @torch.library.register_fake(f"{build.name}::bf16_rows_mm")
+        def _fake(x, weight, bias):
+            return x.new_empty((x.shape[0], weight.shape[0]))
+        _FAKES.add(build.name)
+    return build
+
+
+def describe() -> str:
+    """For `switchyard backends`: how this CPU multiplies linear weights."""
+    if not packing_supported():
+        return "linear weights not packed (this torch has no oneDNN packing)"
+    if rows_kernel_serves(torch.bfloat16):
+        return (f"linear weights packed for oneDNN (bf16 as float32: no bf16 packing on this CPU; steps of up to "
+                f"{ROWS_KERNEL_MAX_ROWS} rows multiply the bf16 weights in the bf16 row kernel)")
+    return "linear weights packed for oneDNN"
+
+
 @cache
 def bf16_one_packing() -> bool:
     """Whether one bf16 packing for BF16_BATCH_HINT rows also serves single rows at least about
@@ -72,14 +117,20 @@ def bf16_one_packing() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Same contract as core.layers.Linear: x [N, in_features] -> [N, out_features]."""
+    """Same contract as core.layers.Linear: x [N, in_features] -> [N, out_features].
+    `rows_ops`: the bf16 row kernel's namespace (load_rows_kernel), for a bf16 weight packed as
+    float32; it then multiplies steps of up to ROWS_KERNEL_MAX_ROWS rows on the bf16 weight."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_ops=None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
         self.dtype = weight.dtype  # of the inputs and outputs
+        self.rows_ops = None
         if weight.dtype not in packable_dtypes():  # bf16 without bf16 packing: float32 inside
+            if rows_ops is not None:
+                self.rows_ops = rows_ops
+                self.register_buffer("_rows_weight", weight, persistent=False)
             weight = weight.float()
             bias = None if bias is None else bias.float()
         # float32: one packing for single rows, one for batches; bf16: one packed for
@@ -90,27 +141,32 @@ class PackedLinear(nn.Module):
             batch = torch.ops.mkldnn._reorder_linear_weight(weight, BF16_BATCH_HINT)
             one_row = batch if bf16_one_packing() else torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         else:
-            one_row = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
             batch = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            # with the row kernel, single rows never reach a float32 packing
+            one_row = batch if self.rows_ops is not None else torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         self.register_buffer("_packed_one_row", one_row, persistent=False)
         self.register_buffer("_packed_batch", batch, persistent=False)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows_ops is not None and x.shape[0] <= ROWS_KERNEL_MAX_ROWS:
+            return self.rows_ops.bf16_rows_mm(x, self._rows_weight, self.bias)
         packed = self._packed_one_row if x.shape[0] == 1 else self._packed_batch
         # .to is a no-op unless a bf16 weight was packed as float32
         return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, self.bias, "none", [], "").to(x.dtype)
 
     def extra_repr(self) -> str:
         inside = "" if self._packed_one_row.dtype == self.dtype else f", multiplied in {self._packed_one_row.dtype}"
+        if self.rows_ops is not None:
+            inside += f" (up to {ROWS_KERNEL_MAX_ROWS} rows: bf16 row kernel)"
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{inside}"
 
 
 @torch.inference_mode()
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, rows_ops=None) -> int:
     """Replaces every Linear of the model whose weight is in a dtype this CPU can pack
     (packable_dtypes; bf16 also where only float32 packs, see the module docstring) by a
-    PackedLinear; returns how many were replaced."""
+    PackedLinear; returns how many were replaced. rows_ops: see PackedLinear."""
     dtypes = packable_dtypes()
     if torch.float32 in dtypes:
         dtypes += (torch.bfloat16,)
@@ -121,5 +177,5 @@ def pack_linears(model: nn.Module) -> int:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         bias = None if module.bias is None else module.bias.detach()
-        setattr(parent, child, PackedLinear(module.weight, bias))
+        setattr(parent, child, PackedLinear(module.weight, bias, rows_ops))
     return len(targets)

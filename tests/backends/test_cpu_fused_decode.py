@@ -2,7 +2,7 @@
 against the model's own forward: the same logits (float32 within rounding, bfloat16 within its
 step) and the same greedy tokens, for every shape the Llama layout covers (GQA, q/k/v bias,
 per-head q/k norms, partial rotary, a sliding window, scaled rope), every linear kind
-(oneDNN-packed, dense, block-quantized, int8, int4), and the fallbacks when a model or a module
+(oneDNN-packed, dense, block-quantized, int8, int4, bf16 row kernel), and the fallbacks when a model or a module
 has no fused path."""
 from __future__ import annotations
 
@@ -114,6 +114,30 @@ def test_quantized_linears_take_the_fused_path(quantize, tmp_path_factory):
     assert isinstance(fused.runner, FusedDecodeRunner)
     for expected, got in zip(decode_logits(eager), decode_logits(fused), strict=True):
         assert (got - expected).abs().max().item() <= 0.03 * expected.abs().max().item()
+
+
+@pytest.mark.parametrize("row_limit", [8, 1])
+def test_bf16_weights_without_bf16_packing_take_the_row_kernel(row_limit, tmp_path_factory, monkeypatch):
+    """Where oneDNN packs no bf16 (an AVX2 CPU; forced here): the C++ multiplies few rows with the
+    bf16 row kernel and more (row_limit 1: these 3-row steps) through the float32 packing,
+    agreeing with the model's forward through float32 copies of the weights (with a q/k/v bias)."""
+    from switchyard.backends.cpu import backend as backend_module
+    from switchyard.backends.cpu import fused_decode
+    from switchyard.backends.cpu import linear as linear_module
+
+    path = model_dir(tmp_path_factory, "qwen2-bias")
+    monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
+    monkeypatch.setattr(backend_module, "rows_kernel_serves", lambda dtype: False)
+    eager = engine(path, "bfloat16", False)
+    monkeypatch.setattr(backend_module, "rows_kernel_serves", linear_module.rows_kernel_serves)
+    monkeypatch.setattr(fused_decode, "ROWS_KERNEL_MAX_ROWS", row_limit)
+    fused = engine(path, "bfloat16", True)
+    assert isinstance(fused.runner, FusedDecodeRunner)
+    qkv = fused.runner.layout.layers[0].qkv
+    assert linear_operands(qkv, torch.bfloat16)[1][:4] == [fused_decode.ROWS, qkv.out_features, 0, row_limit]
+    for expected, got in zip(decode_logits(eager), decode_logits(fused), strict=True):
+        assert (got - expected).abs().max().item() <= 0.03 * expected.abs().max().item()
+        assert (got.argmax(-1) == expected.argmax(-1)).all()
 
 
 def test_default_model_gguf_greedy_tokens_agree_with_the_eager_engine(default_gguf_path):

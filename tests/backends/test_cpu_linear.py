@@ -131,3 +131,93 @@ def test_choose_single_row_products_sets_every_linear_by_shape():
                                                      choices[(32, 16, torch.bfloat16)],
                                                      choices[(16, 32, torch.bfloat16)]]
     assert isinstance(matvec_is_faster(torch.randn(4, 4)), bool)
+
+
+@pytest.fixture(scope="module")
+def rows_ops():
+    from switchyard.backends.cpu.extension import ROWS_SOURCE, build_extension
+    from switchyard.core.loader.gguf_cache import default_cache_root
+
+    build = build_extension(default_cache_root(), ROWS_SOURCE, "CPU bf16 row matmul", "none", ("bf16_rows_mm",))
+    if not build.available:
+        pytest.skip(f"the bf16 row kernel did not build: {build.reason}")
+    return build.ops
+
+
+def _rows_reference(x, weight, bias):
+    """float32's product of the bf16 values, rounded once to x's dtype."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+def _check_rows_kernel(ops):
+    # N 37: nine groups of 4 and a partial one; K 200 = 6 lines of 32, a 16, a tail of 8
+    for N, K in ((37, 200), (64, 576), (3, 7)):
+        gen = torch.Generator().manual_seed(N * K)
+        weight = torch.randn(N, K, generator=gen).bfloat16()
+        for bias in (None, torch.randn(N, generator=gen)):
+            for dtype in (torch.float32, torch.bfloat16):
+                for rows in (1, 3, 9):
+                    x = torch.randn(rows, K, generator=gen).to(dtype)
+                    out = ops.bf16_rows_mm(x, weight, bias)
+                    expected = _rows_reference(x, weight, bias)
+                    assert out.shape == (rows, N) and out.dtype == dtype
+                    # sums in another order: float32 rounding, then at most one bf16 step apart
+                    tol = dict(atol=1e-4 * K, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=8e-3)
+                    torch.testing.assert_close(out.float(), expected.float(), **tol)
+
+
+def test_the_bf16_row_kernel_is_float32_accumulation_rounded_once(rows_ops):
+    _check_rows_kernel(rows_ops)
+
+
+def test_the_bf16_row_kernel_refuses_what_it_cannot_multiply(rows_ops):
+    weight = torch.randn(8, 16).bfloat16()
+    with pytest.raises(RuntimeError, match="bfloat16 weight"):
+        rows_ops.bf16_rows_mm(torch.randn(1, 16), weight.float(), None)
+    with pytest.raises(RuntimeError, match=r"x \[M, K\]"):
+        rows_ops.bf16_rows_mm(torch.randn(1, 15), weight, None)
+    with pytest.raises(RuntimeError, match="float32 bias"):
+        rows_ops.bf16_rows_mm(torch.randn(1, 16), weight, torch.randn(8).bfloat16())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["avx2", "portable"])
+def test_the_bf16_row_kernel_on_other_instruction_sets(variant, tmp_path):
+    """The loops an AVX2-only CPU builds (vec16.h's pairs of 8-lane registers) and the portable one."""
+    from kernel_variants import build_variant
+
+    from switchyard.backends.cpu.extension import ROWS_SOURCE
+
+    ops = build_variant(ROWS_SOURCE, variant, tmp_path)
+    assert ops.rows_mm_isa() == variant
+    _check_rows_kernel(ops)
+
+
+class _CountingRowsOps:
+    def __init__(self, ops):
+        self.ops, self.calls = ops, 0
+
+    def bf16_rows_mm(self, *args):
+        self.calls += 1
+        return self.ops.bf16_rows_mm(*args)
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_weights_without_bf16_packing_take_the_row_kernel_for_few_rows(bias, rows_ops, monkeypatch):
+    """The AVX2 path (forced here): up to ROWS_KERNEL_MAX_ROWS rows through the row kernel on the
+    bf16 weight, more through the float32 packing; the same products either way."""
+    monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
+    assert linear_module.rows_kernel_serves(torch.bfloat16) and not linear_module.rows_kernel_serves(torch.float32)
+    plain = _filled(Linear(40, 24, bias=bias, dtype=torch.bfloat16))
+    counting = _CountingRowsOps(rows_ops)
+    packed = PackedLinear(plain.weight, plain.bias, counting)
+    assert packed._rows_weight.dtype == torch.bfloat16 and "bf16 row kernel" in repr(packed)
+    assert packed._packed_one_row is packed._packed_batch  # single rows never reach a float32 packing
+    for rows in (1, linear_module.ROWS_KERNEL_MAX_ROWS, linear_module.ROWS_KERNEL_MAX_ROWS + 1, 33):
+        x = torch.randn(rows, 40).bfloat16()
+        before = counting.calls
+        with torch.inference_mode():
+            out = packed(x)
+        assert (counting.calls > before) == (rows <= linear_module.ROWS_KERNEL_MAX_ROWS)
+        torch.testing.assert_close(out.float(), _rows_reference(x, plain.weight, plain.bias).float(), atol=1e-2, rtol=8e-3)

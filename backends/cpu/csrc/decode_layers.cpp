@@ -16,12 +16,14 @@
 // normalised row before its weight, silu before the product, and q*cos and rot(q)*sin before
 // their sum are each rounded to bfloat16; everything else is computed in float32.
 //
-// A linear is one of five kinds (fused_decode.py's LinearKind says which module each is):
+// A linear is one of six kinds (fused_decode.py's linear_operands says which module each is):
 //   0 dense: at::linear (or matrix-vector for one row, as core/layers/linear.py decides)
 //   1 onednn: a weight packed by oneDNN (linear.py), mkldnn::_linear_pointwise (in float32 for a
 //     bf16 weight where oneDNN packs no bf16)
 //   2 blocks: q4_0/q4_1/q8_0 tiles (block_matmul.h), with a oneDNN bf16 copy for big batches
 //   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
+//   5 rows: a bf16 weight multiplied by the row kernel (row_matmul.h) up to batch_rows rows, and
+//     as its float32 oneDNN packing beyond (linear.py, CPUs without bf16 packing)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -37,10 +39,11 @@
 #include "block_matmul.h"
 #include "elementwise.h"
 #include "paged_decode.h"
+#include "row_matmul.h"
 
 namespace {
 
-enum Kind : int64_t { kDense = 0, kOnednn = 1, kBlocks = 2, kInt8 = 3, kInt4 = 4 };
+enum Kind : int64_t { kDense = 0, kOnednn = 1, kBlocks = 2, kInt8 = 3, kInt4 = 4, kRows = 5 };
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
   static const auto op = c10::Dispatcher::singleton()
@@ -54,8 +57,9 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const st
 struct Linear {
   int64_t kind = kDense, out_features = 0, bits = 0, batch_rows = -1;
   bool single_row_matvec = false;
-  at::Tensor weight, aux;  // dense/onednn/blocks: weight; int8: qweight + scales; int4: packed + scales_and_zeros
-  // batch: for rows > batch_rows, the oneDNN packing for batches (onednn, float32) or the
+  // dense/onednn/blocks/rows: weight; int8: qweight + scales; int4: packed + scales_and_zeros
+  at::Tensor weight, aux;
+  // batch: for rows > batch_rows, the oneDNN packing for batches (onednn, rows: float32) or the
   // oneDNN-packed bf16 copy of a quantized weight
   std::optional<at::Tensor> bias, batch;
 
@@ -67,7 +71,8 @@ struct Linear {
       }
       return at::linear(x, weight, bias);
     }
-    if (kind == kOnednn) {
+    if (kind == kRows && x.size(0) <= batch_rows) return rows::bf16_rows_mm(x, weight, bias);
+    if (kind == kOnednn || kind == kRows) {
       const at::Tensor& packed = batch && x.size(0) > batch_rows ? *batch : weight;
       if (packed.scalar_type() == x.scalar_type()) return onednn_linear(x, packed, bias);
       // a bf16 weight packed as float32 (linear.py, CPUs without bf16 packing)

@@ -1,0 +1,13 @@
+// The bf16 few-rows matmul op; the kernel itself is row_matmul.h (also called by
+// decode_layers.cpp).
+#include <torch/library.h>
+
+#include <string>
+
+#include "row_matmul.h"
+
+TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("bf16_rows_mm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.impl("bf16_rows_mm", c10::DispatchKey::CPU, &rows::bf16_rows_mm);
+  m.def("rows_mm_isa() -> str", &rows::rows_mm_isa);
+}
