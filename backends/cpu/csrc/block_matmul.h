@@ -197,6 +197,38 @@ inline __m256i block_dot(const __m256i w[8], const int32_t* a) {
   }
 }
 
+// Half h of one tile times R input rows from m0: the R accumulators (and the c terms, kept apart
+// so that each block adds to two independent chains) stay in registers, R a constant.
+template <int64_t Bits, int R, typename T>
+inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
+                      T* out, int64_t N, int64_t count) {
+  constexpr int64_t record = kHeader + (Bits == 4 ? 256 : 512);
+  __m256 acc[R], acc_c[R];
+  for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_ps(), acc_c[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * record;
+    if (prefetch) {
+      for (int64_t line = 0; line < record; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+    __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
+    if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+    __m256i w[8];
+    unpack_half<Bits>(rec + kHeader, h, w);
+    for (int m = 0; m < R; ++m) {
+      const int64_t at = (m0 + m) * blocks + b;
+      const __m256i dot = block_dot<Bits>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(in.scale[at])), acc[m]);
+      acc_c[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(in.scaled_sum[at]), acc_c[m]);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    alignas(32) float values[8];
+    _mm256_store_ps(values, _mm256_add_ps(acc[m], acc_c[m]));
+    store_row(out + (m0 + m) * N, values, count);
+  }
+}
+
 template <int64_t Bits, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
            int64_t t_begin, int64_t t_end) {
@@ -205,31 +237,15 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
     const uint8_t* tile = packed + t * blocks * record;
     const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
+      T* o = out + t * kTileRows + 8 * h;
+      const int64_t count = std::min<int64_t>(8, rows_here - 8 * h);
       for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
-        const int64_t rows = std::min(kRowsPerTile, M - m0);
-        __m256 acc[kRowsPerTile];
-        for (int64_t m = 0; m < kRowsPerTile; ++m) acc[m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          const uint8_t* rec = tile + b * record;
-          if (h == 0 && m0 == 0) {
-            for (int64_t line = 0; line < record; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
-          }
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-          __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
-          if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
-          __m256i w[8];
-          unpack_half<Bits>(rec + kHeader, h, w);
-          for (int64_t m = 0; m < rows; ++m) {
-            const int64_t at = (m0 + m) * blocks + b;
-            const __m256i dot = block_dot<Bits>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock));
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(in.scale[at])), acc[m]);
-            acc[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(in.scaled_sum[at]), acc[m]);
-          }
-        }
-        for (int64_t m = 0; m < rows; ++m) {
-          alignas(32) float values[8];
-          _mm256_store_ps(values, acc[m]);
-          store_row(out + (m0 + m) * N + t * kTileRows + 8 * h, values, std::min<int64_t>(8, rows_here - 8 * h));
+        const bool prefetch = h == 0 && m0 == 0;
+        switch (std::min(kRowsPerTile, M - m0)) {
+          case 1: tile_half<Bits, 1>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 2: tile_half<Bits, 2>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 3: tile_half<Bits, 3>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          default: tile_half<Bits, 4>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
         }
       }
     }
