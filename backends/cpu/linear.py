@@ -20,8 +20,8 @@ rounded to bf16: what a bf16 matmul with float32 accumulation computes, at float
 Unpacked, torch's bf16 matmul there converts on every call: SmolLM2-135M on a 2-core AVX2 EPYC,
 a 32-row decode step 650 ms in bf16 against 210 ms in float32. Steps of up to
 ROWS_KERNEL_MAX_ROWS rows, bound by memory bandwidth, then multiply the bf16 weight itself with
-csrc/row_matmul.h's kernel (2 bytes read per weight instead of 4); the float32 packing serves
-batches. 6 bytes per weight in all.
+csrc/row_matmul.h's kernel (2 bytes read per weight instead of 4; repacked by pack_rows); the
+float32 packing serves batches. 6 bytes per weight in all.
 """
 from __future__ import annotations
 
@@ -60,11 +60,25 @@ BF16_BATCH_HINT = 64
 
 # Rows up to which a bf16 weight packed as float32 is multiplied by the bf16 row kernel instead.
 # 2-core AVX2 EPYC (Zen 3), the default model's 120 layer linears with distinct weights (torch
-# 2.13), row kernel / float32 oneDNN packed for batches: 15-24 / 30-40 ms at 1 row, 18-25 / 34-42
-# at 4, 33-39 / 41-51 at 8, 60 / 60 at 16 (the kernel turns compute-bound past a few rows).
+# 2.13), row kernel / float32 oneDNN packed for batches, best of 5 interleaved: 9.9 / 28.7 ms at
+# 1 row, 17.5 / 37.9 at 4, 28.8 / 37.5 at 8, 40.1 / 42.4 at 12, 50.6 / 51.0 at 16 (each input
+# row past the first re-reads the weights from L1: compute-bound).
 ROWS_KERNEL_MAX_ROWS = 8
 
 _FAKES: set[str] = set()
+
+
+ROWS_TILE = (4, 32)  # csrc/row_matmul.h's tile: weight rows x columns
+
+
+def pack_rows(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [N, K] in the row kernel's layout: [N' / 4, K' / 32, 4, 32], N and K
+    zero-padded to multiples of 4 and 32, each tile's 4 rows of 32 columns contiguous."""
+    rows, columns = ROWS_TILE
+    n, k = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, -k % columns, 0, -n % rows))
+    n, k = padded.shape
+    return padded.view(n // rows, rows, k // columns, columns).permute(0, 2, 1, 3).contiguous()
 
 
 def rows_kernel_serves(dtype: torch.dtype) -> bool:
@@ -83,8 +97,8 @@ def load_rows_kernel(cache_root: str) -> ExtensionBuild:
         return ExtensionBuild(None, "no AVX2 on this CPU", build.directory, build.seconds, build.cache_hit)
     if build.available and build.name not in _FAKES:
         @torch.library.register_fake(f"{build.name}::bf16_rows_mm")
-        def _fake(x, weight, bias):
-            return x.new_empty((x.shape[0], weight.shape[0]))
+        def _fake(x, packed, out_features, bias):
+            return x.new_empty((x.shape[0], out_features))
         _FAKES.add(build.name)
     return build
 
@@ -130,7 +144,7 @@ class PackedLinear(nn.Module):
         if weight.dtype not in packable_dtypes():  # bf16 without bf16 packing: float32 inside
             if rows_ops is not None:
                 self.rows_ops = rows_ops
-                self.register_buffer("_rows_weight", weight, persistent=False)
+                self.register_buffer("_rows_weight", pack_rows(weight), persistent=False)
             weight = weight.float()
             bias = None if bias is None else bias.float()
         # float32: one packing for single rows, one for batches; bf16: one packed for
@@ -150,7 +164,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows_ops is not None and x.shape[0] <= ROWS_KERNEL_MAX_ROWS:
-            return self.rows_ops.bf16_rows_mm(x, self._rows_weight, self.bias)
+            return self.rows_ops.bf16_rows_mm(x, self._rows_weight, self.out_features, self.bias)
         packed = self._packed_one_row if x.shape[0] == 1 else self._packed_batch
         # .to is a no-op unless a bf16 weight was packed as float32
         return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, self.bias, "none", [], "").to(x.dtype)

@@ -140,13 +140,34 @@ def test_bf16_weights_without_bf16_packing_take_the_row_kernel(row_limit, tmp_pa
         assert (got.argmax(-1) == expected.argmax(-1)).all()
 
 
+def forced_argmax(core: EngineCore, tokens: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Teacher-forced: prefills PROMPTS, then decodes `tokens` (one per request a step) through
+    the engine's runner: the argmax after each, so that one near-tie does not shift the rest."""
+    runner = core.runner
+    blocks = {k: tuple(range(12 * i, 12 * i + 12)) for i, k in enumerate(PROMPTS)}  # 48 tokens each
+    ModelRunner.execute(runner, SchedulerOutput(tuple(ScheduledRequest(k, tuple(p), 0, blocks[k], True)
+                                                      for k, p in PROMPTS.items())))
+    out = {k: [] for k in PROMPTS}
+    for step in range(len(tokens[next(iter(PROMPTS))])):
+        logits, ids = runner.execute(SchedulerOutput(tuple(
+            ScheduledRequest(k, (tokens[k][step],), len(p) + step, blocks[k], True) for k, p in PROMPTS.items())))
+        for k, row in zip(ids, logits):
+            out[k].append(int(row.argmax()))
+    return out
+
+
 def test_default_model_gguf_greedy_tokens_agree_with_the_eager_engine(default_gguf_path):
-    """The real model, its own Q4_1 / Q8_0 blocks (block kernel, tied q8_0 head and embedding)."""
+    """The real model, its own Q4_1 / Q8_0 blocks (block kernel, tied q8_0 head and embedding):
+    the eager engine's greedy tokens, fed to both, are predicted alike (these random prompts
+    have near-ties, where the two rounding orders may pick either)."""
     eager, fused = (engine(default_gguf_path, "bfloat16", f, "gguf", load_format="auto")
                      for f in (False, True))
     assert isinstance(fused.runner, FusedDecodeRunner)
-    ours, reference = greedy(fused), greedy(eager)
-    assert sum(a == b for key in ours for a, b in zip(ours[key], reference[key])) >= 0.9 * 36
+    reference = greedy(eager)
+    ours, theirs = forced_argmax(fused, reference), forced_argmax(eager, reference)
+    assert all(theirs[k][:-1] == reference[k][1:] for k in PROMPTS)  # the eager engine's own choices
+    assert sum(a == b for key in ours for a, b in zip(ours[key], theirs[key])) >= 0.9 * 36
+    assert fused.runner.num_fused_steps >= 12
 
 
 def test_padding_rows_write_no_kv(tmp_path_factory):

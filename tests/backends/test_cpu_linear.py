@@ -150,7 +150,7 @@ def _rows_reference(x, weight, bias):
 
 
 def _check_rows_kernel(ops):
-    # N 37: nine groups of 4 and a partial one; K 200 = 6 lines of 32, a 16, a tail of 8
+    # padded tiles: N 37 (nine groups of 4 and one row), K 200 (six steps of 32 and 8 columns), N 3 K 7
     for N, K in ((37, 200), (64, 576), (3, 7)):
         gen = torch.Generator().manual_seed(N * K)
         weight = torch.randn(N, K, generator=gen).bfloat16()
@@ -158,7 +158,7 @@ def _check_rows_kernel(ops):
             for dtype in (torch.float32, torch.bfloat16):
                 for rows in (1, 3, 9):
                     x = torch.randn(rows, K, generator=gen).to(dtype)
-                    out = ops.bf16_rows_mm(x, weight, bias)
+                    out = ops.bf16_rows_mm(x, linear_module.pack_rows(weight), N, bias)
                     expected = _rows_reference(x, weight, bias)
                     assert out.shape == (rows, N) and out.dtype == dtype
                     # sums in another order: float32 rounding, then at most one bf16 step apart
@@ -171,13 +171,17 @@ def test_the_bf16_row_kernel_is_float32_accumulation_rounded_once(rows_ops):
 
 
 def test_the_bf16_row_kernel_refuses_what_it_cannot_multiply(rows_ops):
-    weight = torch.randn(8, 16).bfloat16()
+    packed = linear_module.pack_rows(torch.randn(8, 40).bfloat16())  # [2, 2, 4, 32]
+    assert packed.shape == (2, 2, 4, 32)
     with pytest.raises(RuntimeError, match="bfloat16 weight"):
-        rows_ops.bf16_rows_mm(torch.randn(1, 16), weight.float(), None)
-    with pytest.raises(RuntimeError, match=r"x \[M, K\]"):
-        rows_ops.bf16_rows_mm(torch.randn(1, 15), weight, None)
+        rows_ops.bf16_rows_mm(torch.randn(1, 40), packed.float(), 8, None)
+    with pytest.raises(RuntimeError, match="pack_rows"):
+        rows_ops.bf16_rows_mm(torch.randn(1, 40), torch.randn(8, 40).bfloat16(), 8, None)
+    for width, out_features in ((32, 8), (65, 8), (40, 4), (40, 9)):
+        with pytest.raises(RuntimeError, match="must match the packed weight"):
+            rows_ops.bf16_rows_mm(torch.randn(1, width), packed, out_features, None)
     with pytest.raises(RuntimeError, match="float32 bias"):
-        rows_ops.bf16_rows_mm(torch.randn(1, 16), weight, torch.randn(8).bfloat16())
+        rows_ops.bf16_rows_mm(torch.randn(1, 40), packed, 8, torch.randn(8).bfloat16())
 
 
 @pytest.mark.slow
@@ -212,7 +216,7 @@ def test_bf16_weights_without_bf16_packing_take_the_row_kernel_for_few_rows(bias
     plain = _filled(Linear(40, 24, bias=bias, dtype=torch.bfloat16))
     counting = _CountingRowsOps(rows_ops)
     packed = PackedLinear(plain.weight, plain.bias, counting)
-    assert packed._rows_weight.dtype == torch.bfloat16 and "bf16 row kernel" in repr(packed)
+    assert packed._rows_weight.shape == (6, 2, 4, 32) and "bf16 row kernel" in repr(packed)
     assert packed._packed_one_row is packed._packed_batch  # single rows never reach a float32 packing
     for rows in (1, linear_module.ROWS_KERNEL_MAX_ROWS, linear_module.ROWS_KERNEL_MAX_ROWS + 1, 33):
         x = torch.randn(rows, 40).bfloat16()

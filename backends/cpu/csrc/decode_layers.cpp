@@ -22,7 +22,7 @@
 //     bf16 weight where oneDNN packs no bf16)
 //   2 blocks: q4_0/q4_1/q8_0 tiles (block_matmul.h), with a oneDNN bf16 copy for big batches
 //   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
-//   5 rows: a bf16 weight multiplied by the row kernel (row_matmul.h) up to batch_rows rows, and
+//   5 rows: a bf16 weight in the row kernel's tiles (row_matmul.h) up to batch_rows rows, and
 //     as its float32 oneDNN packing beyond (linear.py, CPUs without bf16 packing)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -71,7 +71,7 @@ struct Linear {
       }
       return at::linear(x, weight, bias);
     }
-    if (kind == kRows && x.size(0) <= batch_rows) return rows::bf16_rows_mm(x, weight, bias);
+    if (kind == kRows && x.size(0) <= batch_rows) return rows::bf16_rows_mm(x, weight, out_features, bias);
     if (kind == kOnednn || kind == kRows) {
       const at::Tensor& packed = batch && x.size(0) > batch_rows ? *batch : weight;
       if (packed.scalar_type() == x.scalar_type()) return onednn_linear(x, packed, bias);

@@ -7,7 +7,7 @@
 #include "row_matmul.h"
 
 TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_rows_mm(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_rows_mm(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.impl("bf16_rows_mm", c10::DispatchKey::CPU, &rows::bf16_rows_mm);
   m.def("rows_mm_isa() -> str", &rows::rows_mm_isa);
 }
