@@ -229,6 +229,32 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
   }
 }
 
+// A whole tile (both halves in one pass over its records, each read once) times one input row.
+template <int64_t Bits, typename T>
+inline void tile_one_row(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, T* out, int64_t rows_here) {
+  constexpr int64_t record = kHeader + (Bits == 4 ? 256 : 512);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc_c[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * record;
+    for (int64_t line = 0; line < record; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+    const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + b * kBlock);
+    const __m256 e = _mm256_set1_ps(in.scale[b]), s = _mm256_set1_ps(in.scaled_sum[b]);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+      __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
+      if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+      __m256i w[8];
+      unpack_half<Bits>(rec + kHeader, h, w);
+      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<Bits>(w, a)), _mm256_mul_ps(d, e), acc[h]);
+      acc_c[h] = _mm256_fmadd_ps(c, s, acc_c[h]);
+    }
+  }
+  alignas(32) float values[16];
+  _mm256_store_ps(values, _mm256_add_ps(acc[0], acc_c[0]));
+  _mm256_store_ps(values + 8, _mm256_add_ps(acc[1], acc_c[1]));
+  store_row(out, values, rows_here);
+}
+
 template <int64_t Bits, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
            int64_t t_begin, int64_t t_end) {
@@ -236,6 +262,10 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
     const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    if (M == 1) {
+      tile_one_row<Bits>(in, tile, blocks, out + t * kTileRows, rows_here);
+      continue;
+    }
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
       T* o = out + t * kTileRows + 8 * h;
       const int64_t count = std::min<int64_t>(8, rows_here - 8 * h);
