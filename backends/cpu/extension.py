@@ -167,6 +167,18 @@ def build_extension(cache_root: str, source: str, what: str, fallback: str,
     return ExtensionBuild(ops, "", directory, seconds, was_built)
 
 
+_FAKES: set[str] = set()
+
+
+def register_fake_once(build: ExtensionBuild, op_name: str, fake: Callable[..., Any]) -> None:
+    """Registers `fake` as the fake implementation (for torch.compile) of an available build's
+    op, once per process and build."""
+    qualified = f"{build.name}::{op_name}"
+    if build.available and qualified not in _FAKES:
+        torch.library.register_fake(qualified)(fake)
+        _FAKES.add(qualified)
+
+
 def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
     """The in-place decode-attention kernel (the gather path without it)."""
     build = build_extension(cache_root, source, "CPU decode attention", "gather path", ("paged_decode",))

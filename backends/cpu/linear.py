@@ -32,7 +32,7 @@ from torch import nn
 
 from switchyard.core.layers import Linear
 
-from .extension import ROWS_SOURCE, ExtensionBuild, build_extension
+from .extension import ROWS_SOURCE, ExtensionBuild, build_extension, register_fake_once
 from .tuning import best_seconds
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -65,9 +65,6 @@ BF16_BATCH_HINT = 64
 # row past the first re-reads the weights from L1: compute-bound).
 ROWS_KERNEL_MAX_ROWS = 8
 
-_FAKES: set[str] = set()
-
-
 ROWS_TILE = (4, 32)  # csrc/row_matmul.h's tile: weight rows x columns
 
 
@@ -95,11 +92,8 @@ def load_rows_kernel(cache_root: str) -> ExtensionBuild:
                             "bf16 decode steps multiply float32 copies of the weights", ("bf16_rows_mm",))
     if build.available and build.ops.rows_mm_isa() == "portable":
         return ExtensionBuild(None, "no AVX2 on this CPU", build.directory, build.seconds, build.cache_hit)
-    if build.available and build.name not in _FAKES:
-        @torch.library.register_fake(f"{build.name}::bf16_rows_mm")
-        def _fake(x, packed, out_features, bias):
-            return x.new_empty((x.shape[0], out_features))
-        _FAKES.add(build.name)
+    register_fake_once(build, "bf16_rows_mm",
+                       lambda x, packed, out_features, bias: x.new_empty((x.shape[0], out_features)))
     return build
 
 

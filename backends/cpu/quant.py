@@ -38,7 +38,7 @@ from switchyard.core.layers import Linear
 from switchyard.core.quant import BLOCK, BLOCK_BYTES, QuantizedWeight
 
 from .block_pack import BITS, pack_blocks
-from .extension import BLOCK_SOURCE, ExtensionBuild, build_extension
+from .extension import BLOCK_SOURCE, ExtensionBuild, build_extension, register_fake_once
 from .linear import PackedLinear, packable_dtypes
 
 logger = logging.getLogger(__name__)
@@ -135,18 +135,12 @@ class BlockLinear(QuantizedLinear):
         return self.ops.block_mm(x, self.packed, self.out_features, self.bits)
 
 
-_FAKES: set[str] = set()
-
-
 def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE) -> ExtensionBuild:
     """Builds (or reuses) the block-format matmul and registers its fake implementation (torch.compile)."""
     build = build_extension(cache_root, source, "CPU block-format matmul",
                             "q4 weights through torch's int4 kernel, q8_0 dequantized", ("block_mm",))
-    if build.available and build.name not in _FAKES:
-        @torch.library.register_fake(f"{build.name}::block_mm")
-        def _fake(x, packed, out_features, bits):
-            return x.new_empty((x.shape[0], out_features))
-        _FAKES.add(build.name)
+    register_fake_once(build, "block_mm",
+                       lambda x, packed, out_features, bits: x.new_empty((x.shape[0], out_features)))
     return build
 
 

@@ -224,4 +224,5 @@ def test_bf16_weights_without_bf16_packing_take_the_row_kernel_for_few_rows(bias
         with torch.inference_mode():
             out = packed(x)
         assert (counting.calls > before) == (rows <= linear_module.ROWS_KERNEL_MAX_ROWS)
-        torch.testing.assert_close(out.float(), _rows_reference(x, plain.weight, plain.bias).float(), atol=1e-2, rtol=8e-3)
+        expected = _rows_reference(x, plain.weight, plain.bias)
+        torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=8e-3)
