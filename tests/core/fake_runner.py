@@ -117,10 +117,13 @@ class FakeRunner:
         return sampled
 
     def _is_decode(self, scheduled) -> bool:
-        """A decode computes one token past the prompt (anything else is a prefill)."""
+        """A decode computes the one token left past the prompt (anything else is a prefill: also
+        a one-token chunk of a preempted request's recompute that the budget cut short)."""
         request = self.scheduler.get_request(scheduled.request_id)
-        num_prompt = request.num_prompt_tokens if request is not None else 1 << 30
-        return scheduled.num_new_tokens == 1 and scheduled.num_computed_tokens >= num_prompt
+        if request is None:
+            return False
+        return (scheduled.num_new_tokens == 1 and scheduled.num_computed_tokens >= request.num_prompt_tokens
+                and scheduled.num_computed_tokens + 1 == request.num_tokens)
 
     def run_until_done(self, max_steps: int = 10_000) -> list[Request]:
         for _ in range(max_steps):
