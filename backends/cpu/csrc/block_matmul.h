@@ -53,7 +53,7 @@ constexpr int64_t kTileRows = 16;
 constexpr int64_t kHeader = 64;
 constexpr int64_t kRowsPerTile = 4;  // input rows whose accumulators stay in registers
 
-int64_t record_bytes(int64_t bits) { return kHeader + (bits == 4 ? 256 : 512); }
+constexpr int64_t record_bytes(int64_t bits) { return kHeader + (bits == 4 ? 256 : 512); }
 
 inline float half_to_float(uint16_t bits) { return c10::detail::fp16_ieee_to_fp32_value(bits); }
 
@@ -197,24 +197,38 @@ inline __m256i block_dot(const __m256i w[8], const int32_t* a) {
   }
 }
 
+// Half h of one record: its rows' d and c (c corrected by +128d for q8, see above), its weights
+// unpacked into w.
+template <int64_t Bits>
+inline void load_half(const uint8_t* rec, int64_t h, __m256& d, __m256& c, __m256i w[8]) {
+  d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+  c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
+  if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+  unpack_half<Bits>(rec + kHeader, h, w);
+}
+
+// The lines of the record kPrefetchBytes ahead of rec.
+template <int64_t Bits>
+inline void prefetch_record(const uint8_t* rec) {
+  for (int64_t line = 0; line < record_bytes(Bits); line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+  }
+}
+
 // Half h of one tile times R input rows from m0: the R accumulators (and the c terms, kept apart
 // so that each block adds to two independent chains) stay in registers, R a constant.
 template <int64_t Bits, int R, typename T>
 inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
                       T* out, int64_t N, int64_t count) {
-  constexpr int64_t record = kHeader + (Bits == 4 ? 256 : 512);
+  constexpr int64_t record = record_bytes(Bits);
   __m256 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_ps(), acc_c[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record;
-    if (prefetch) {
-      for (int64_t line = 0; line < record; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-    __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
-    if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+    if (prefetch) prefetch_record<Bits>(rec);
+    __m256 d, c;
     __m256i w[8];
-    unpack_half<Bits>(rec + kHeader, h, w);
+    load_half<Bits>(rec, h, d, c, w);
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       const __m256i dot = block_dot<Bits>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock));
@@ -232,19 +246,17 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
 // A whole tile (both halves in one pass over its records, each read once) times one input row.
 template <int64_t Bits, typename T>
 inline void tile_one_row(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, T* out, int64_t rows_here) {
-  constexpr int64_t record = kHeader + (Bits == 4 ? 256 : 512);
+  constexpr int64_t record = record_bytes(Bits);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc_c[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record;
-    for (int64_t line = 0; line < record; line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+    prefetch_record<Bits>(rec);
     const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + b * kBlock);
     const __m256 e = _mm256_set1_ps(in.scale[b]), s = _mm256_set1_ps(in.scaled_sum[b]);
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-      __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
-      if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+      __m256 d, c;
       __m256i w[8];
-      unpack_half<Bits>(rec + kHeader, h, w);
+      load_half<Bits>(rec, h, d, c, w);
       acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<Bits>(w, a)), _mm256_mul_ps(d, e), acc[h]);
       acc_c[h] = _mm256_fmadd_ps(c, s, acc_c[h]);
     }

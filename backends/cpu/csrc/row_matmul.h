@@ -28,7 +28,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "vec16.h"
 
@@ -111,7 +110,7 @@ at::Tensor bf16_rows_mm(const at::Tensor& x, const at::Tensor& packed, int64_t o
   return out;
 }
 
-// Which loop this build runs, for tests and `switchyard backends`.
+// Which loop this build runs (load_rows_kernel refuses the portable one; tests check each build).
 std::string rows_mm_isa() {
 #if defined(SY_VEC16) && !defined(SY_VEC16_AVX2)
   return "avx512";
