@@ -97,6 +97,22 @@ inline void store_row(T* out, const float* values, int64_t count) {
   for (int64_t r = 0; r < count; ++r) out[r] = static_cast<T>(values[r]);
 }
 
+#if defined(SY_BLOCK_VNNI) || defined(SY_BLOCK_AVX2)
+// Weights are read once per step, from memory: each record's lines are prefetched this far
+// ahead (a thread's tiles are contiguous). 2-core AVX2 EPYC, the default model's 120 Q4_1
+// linears at one row: 8.6-9.3 ms without, 6.1-7.9 with 2 KB (0.5 and 1 KB in between); its
+// Q8_0 LM head 2.6-2.8 ms without, 1.5-1.9 with.
+constexpr int64_t kPrefetchBytes = 2048;
+
+// The lines of the record kPrefetchBytes ahead of rec.
+template <int64_t Bits>
+inline void prefetch_record(const uint8_t* rec) {
+  for (int64_t line = 0; line < record_bytes(Bits); line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+  }
+}
+#endif
+
 #if defined(SY_BLOCK_VNNI)
 // The 8 chunks of one record's payload as u8 lanes (chunk j pairs with activation group j).
 template <int64_t Bits>
@@ -113,6 +129,37 @@ inline void unpack(const uint8_t* payload, __m512i w[8]) {
   }
 }
 
+// One tile times R input rows from m0: the R accumulators (and the c terms, kept apart so that
+// each block adds to two independent chains) stay in registers, R a constant.
+template <int64_t Bits, int R, typename T>
+inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t m0, bool prefetch,
+                      T* out, int64_t N, int64_t count) {
+  constexpr int64_t record = record_bytes(Bits);
+  __m512 acc[R], acc_c[R];
+  for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps(), acc_c[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * record;
+    if (prefetch) prefetch_record<Bits>(rec);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+    const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+    __m512i w[8];
+    unpack<Bits>(rec + kHeader, w);
+    for (int m = 0; m < R; ++m) {
+      const int64_t at = (m0 + m) * blocks + b;
+      const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
+      __m512i dot = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(in.scale[at])), acc[m]);
+      acc_c[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(in.scaled_sum[at]), acc_c[m]);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    alignas(64) float values[kTileRows];
+    _mm512_store_ps(values, _mm512_add_ps(acc[m], acc_c[m]));
+    store_row(out + (m0 + m) * N, values, count);
+  }
+}
+
 template <int64_t Bits, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
            int64_t t_begin, int64_t t_end) {
@@ -120,29 +167,14 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
     const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    T* o = out + t * kTileRows;
     for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
-      const int64_t rows = std::min(kRowsPerTile, M - m0);
-      __m512 acc[kRowsPerTile];
-      for (int64_t m = 0; m < kRowsPerTile; ++m) acc[m] = _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* rec = tile + b * record;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-        const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
-        __m512i w[8];
-        unpack<Bits>(rec + kHeader, w);
-        for (int64_t m = 0; m < rows; ++m) {
-          const int64_t at = (m0 + m) * blocks + b;
-          const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
-          __m512i dot = _mm512_setzero_si512();
-          for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
-          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(in.scale[at])), acc[m]);
-          acc[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(in.scaled_sum[at]), acc[m]);
-        }
-      }
-      for (int64_t m = 0; m < rows; ++m) {
-        alignas(64) float values[kTileRows];
-        _mm512_store_ps(values, acc[m]);
-        store_row(out + (m0 + m) * N + t * kTileRows, values, rows_here);
+      const bool prefetch = m0 == 0;  // later groups find the tile in cache
+      switch (std::min(kRowsPerTile, M - m0)) {
+        case 1: tile_rows<Bits, 1>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 2: tile_rows<Bits, 2>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 3: tile_rows<Bits, 3>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        default: tile_rows<Bits, 4>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
       }
     }
   }
@@ -157,11 +189,6 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 // - 8 bits: u up to 255 would saturate int16, so u is turned back into q = u - 128 (u ^ 0x80 as
 //   s8) and multiplied as |q| times qa with q's sign (llama.cpp's AVX2 q8_0 dot), each chunk
 //   widened to int32 at once. That sums q qa = u qa - 128 qa, so the block's c becomes c + 128 d.
-// Weights are read once per step, from memory: each record's lines are prefetched this far
-// ahead (a thread's tiles are contiguous). 2-core AVX2 EPYC, the default model's 120 Q4_1
-// linears at one row: 8.6-9.3 ms without, 6.1-7.9 with 2 KB (0.5 and 1 KB in between); its
-// Q8_0 LM head 2.6-2.8 ms without, 1.5-1.9 with.
-constexpr int64_t kPrefetchBytes = 2048;
 
 template <int64_t Bits>
 inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
@@ -207,13 +234,6 @@ inline void load_half(const uint8_t* rec, int64_t h, __m256& d, __m256& c, __m25
   unpack_half<Bits>(rec + kHeader, h, w);
 }
 
-// The lines of the record kPrefetchBytes ahead of rec.
-template <int64_t Bits>
-inline void prefetch_record(const uint8_t* rec) {
-  for (int64_t line = 0; line < record_bytes(Bits); line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
-  }
-}
 
 // Half h of one tile times R input rows from m0: the R accumulators (and the c terms, kept apart
 // so that each block adds to two independent chains) stay in registers, R a constant.
