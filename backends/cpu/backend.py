@@ -9,6 +9,7 @@ import torch
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
                                      ShardInfo)
+from switchyard.core.layers import Linear
 
 from .attention import CpuAttentionKernel, StepPlanCache
 from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
@@ -17,7 +18,7 @@ from .extension import PagedDecode
 from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
 from .fused_decode import describe as describe_fused
 from .linear import describe as describe_linears
-from .linear import load_rows_kernel, pack_linears, packing_supported, rows_kernel_serves
+from .linear import load_rows_kernel, pack_linears, packable_dtypes, packing_supported, rows_kernel_rows
 from .quant import load_block_kernel, pack_quantized
 from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
 from .tuning import choose_single_row_products
@@ -151,15 +152,30 @@ class CpuBackend(Backend):
 
     def prepare_model(self, loaded, config) -> None:
         """Swaps quantized linears for their kernels (quant.py), packs the float linear weights
-        for oneDNN (linear.py; bf16 ones with the bf16 row kernel where bf16 does not pack), then tells the remaining linears how this CPU multiplies a
+        for oneDNN (linear.py; bf16 ones with the bf16 row kernel for few-row steps, _rows_kernel), then tells the remaining linears how this CPU multiplies a
         single row (tuning.py). The plain runner runs the result."""
         if config.model.quantize is not None:
             blocks = load_block_kernel(_cache_root(config.model.cache_dir))
             pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
         if self.pack_weights:
-            rows = load_rows_kernel(_cache_root(config.model.cache_dir)) if rows_kernel_serves(loaded.dtype) else None
-            pack_linears(loaded.model, rows.ops if rows is not None else None)
+            pack_linears(loaded.model, self._rows_kernel(loaded, _cache_root(config.model.cache_dir)))
         choose_single_row_products(loaded.model)
+
+    def _rows_kernel(self, loaded, cache_root: str):
+        """The bf16 row kernel's ops for this model's few-row steps (linear.py), or None. Where bf16
+        packs as float32 its copy replaces the float32 one-row packing; beside a bf16 packing it is
+        a second copy of the weights, made only while that stays under an eighth of the memory
+        available."""
+        if rows_kernel_rows(loaded.dtype) == 0:
+            return None
+        if loaded.dtype in packable_dtypes():
+            copy = sum(m.weight.numel() * m.weight.element_size() for m in loaded.model.modules()
+                       if isinstance(m, Linear) and m.weight.dtype == loaded.dtype)
+            if copy > self.available_memory_bytes() // 8:
+                logger.info("CPU bf16 row kernel off: its copy of the weights (%.1f GiB) would take more than "
+                            "an eighth of the memory available", copy / 2**30)
+                return None
+        return load_rows_kernel(cache_root).ops
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
         """Once the in-place decode kernel is built or reused (extension.py; the gather path, with

@@ -26,7 +26,7 @@ from switchyard.core.models.layout import DecoderLayout
 from switchyard.core.runner import ModelRunner, build_step_input
 
 from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
-from .linear import ROWS_KERNEL_MAX_ROWS, PackedLinear
+from .linear import PackedLinear
 from .quant import BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
 
 DENSE, ONEDNN, BLOCKS, INT8, INT4, ROWS = range(6)  # csrc/decode_layers.cpp's linear kinds
@@ -59,7 +59,7 @@ def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.T
     bias = _NONE if bias is None else bias.detach()
     if isinstance(module, PackedLinear) and module.rows_ops is not None:
         weight, batch = module._rows_weight, module._packed_batch
-        return [weight, _NONE, bias, batch], [ROWS, module.out_features, 0, ROWS_KERNEL_MAX_ROWS, 0]
+        return [weight, _NONE, bias, batch], [ROWS, module.out_features, 0, module.rows_limit, 0]
     if isinstance(module, PackedLinear):
         batch = module._packed_batch
         return [module._packed_one_row, _NONE, bias, batch], [ONEDNN, module.out_features, 0, 1, 0]

@@ -19,9 +19,13 @@ weight is packed as float32 (the same values, exactly) and multiplied in float32
 rounded to bf16: what a bf16 matmul with float32 accumulation computes, at float32's speed.
 Unpacked, torch's bf16 matmul there converts on every call: SmolLM2-135M on a 2-core AVX2 EPYC,
 a 32-row decode step 650 ms in bf16 against 210 ms in float32. Steps of up to
-ROWS_KERNEL_MAX_ROWS rows, bound by memory bandwidth, then multiply the bf16 weight itself with
+ROWS_BESIDE_FLOAT32 rows, bound by memory bandwidth, then multiply the bf16 weight itself with
 csrc/row_matmul.h's kernel (2 bytes read per weight instead of 4; repacked by pack_rows); the
 float32 packing serves batches. 6 bytes per weight in all.
+
+Where oneDNN packs bf16 but reads a single row slowly (AVX-512 without AMX), steps of up to
+ROWS_BESIDE_BF16 rows take the row kernel too, beside the bf16 packing: 4 bytes per weight, so
+the backend asks for it only where that copy fits (backend.prepare_model).
 """
 from __future__ import annotations
 
@@ -58,12 +62,16 @@ def packing_supported() -> bool:
 BF16_BATCH_HINT = 64
 
 
-# Rows up to which a bf16 weight packed as float32 is multiplied by the bf16 row kernel instead.
-# 2-core AVX2 EPYC (Zen 3), the default model's 120 layer linears with distinct weights (torch
-# 2.13), row kernel / float32 oneDNN packed for batches, best of 5 interleaved: 9.9 / 28.7 ms at
-# 1 row, 17.5 / 37.9 at 4, 28.8 / 37.5 at 8, 40.1 / 42.4 at 12, 50.6 / 51.0 at 16 (each input
-# row past the first re-reads the weights from L1: compute-bound).
-ROWS_KERNEL_MAX_ROWS = 8
+# Rows up to which the bf16 row kernel multiplies a bf16 weight instead of oneDNN (rows_kernel_rows).
+# Packed as float32 (no bf16 packing): 2-core AVX2 EPYC (Zen 3), the default model's 120 layer
+# linears with distinct weights (torch 2.13), row kernel / float32 oneDNN packed for batches, best
+# of 5 interleaved: 9.9 / 28.7 ms at 1 row, 17.5 / 37.9 at 4, 28.8 / 37.5 at 8, 40.1 / 42.4 at 12,
+# 50.6 / 51.0 at 16 (each input row past the first re-reads the weights from L1: compute-bound).
+ROWS_BESIDE_FLOAT32 = 8
+# Beside a bf16 packing: 2-core AVX-512 BF16 EPYC (Zen 4, no AMX), the same linears, row kernel /
+# oneDNN bf16 packed for 64 rows, best of 10, three rounds: 8.2 / 14.7 ms at 1 row, 10.8 / 14.1
+# at 2, 14.8 / 11.4 at 4, 25.0 / 14.3 at 8.
+ROWS_BESIDE_BF16 = 2
 
 ROWS_TILE = (4, 32)  # csrc/row_matmul.h's tile: weight rows x columns
 
@@ -78,11 +86,14 @@ def pack_rows(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(n // rows, rows, k // columns, columns).permute(0, 2, 1, 3).contiguous()
 
 
-def rows_kernel_serves(dtype: torch.dtype) -> bool:
-    """Whether linears of this dtype would be packed as float32 copies here (bf16 where oneDNN
-    packs float32 only), so that the bf16 row kernel serves their few-row steps."""
+def rows_kernel_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows of a step the bf16 row kernel multiplies weights of this dtype on this
+    CPU: ROWS_BESIDE_FLOAT32 where bf16 is packed as float32, ROWS_BESIDE_BF16 beside a bf16
+    packing; 0 where it does not serve (not bf16, or nothing packs)."""
     dtypes = packable_dtypes()
-    return dtype == torch.bfloat16 and dtype not in dtypes and torch.float32 in dtypes
+    if dtype != torch.bfloat16 or torch.float32 not in dtypes:
+        return 0
+    return ROWS_BESIDE_BF16 if torch.bfloat16 in dtypes else ROWS_BESIDE_FLOAT32
 
 
 def load_rows_kernel(cache_root: str) -> ExtensionBuild:
@@ -101,10 +112,12 @@ def describe() -> str:
     """For `switchyard backends`: how this CPU multiplies linear weights."""
     if not packing_supported():
         return "linear weights not packed (this torch has no oneDNN packing)"
-    if rows_kernel_serves(torch.bfloat16):
+    rows = rows_kernel_rows(torch.bfloat16)
+    if torch.bfloat16 not in packable_dtypes():
         return (f"linear weights packed for oneDNN (bf16 as float32: no bf16 packing on this CPU; steps of up to "
-                f"{ROWS_KERNEL_MAX_ROWS} rows multiply the bf16 weights in the bf16 row kernel)")
-    return "linear weights packed for oneDNN"
+                f"{rows} rows multiply the bf16 weights in the bf16 row kernel)")
+    return (f"linear weights packed for oneDNN (bf16: steps of up to {rows} rows multiply a second copy of "
+            f"the bf16 weights in the bf16 row kernel where it fits in memory)")
 
 
 @cache
@@ -126,19 +139,19 @@ def bf16_one_packing() -> bool:
 
 class PackedLinear(nn.Module):
     """Same contract as core.layers.Linear: x [N, in_features] -> [N, out_features].
-    `rows_ops`: the bf16 row kernel's namespace (load_rows_kernel), for a bf16 weight packed as
-    float32; it then multiplies steps of up to ROWS_KERNEL_MAX_ROWS rows on the bf16 weight."""
+    `rows_ops`: the bf16 row kernel's namespace (load_rows_kernel); for a bf16 weight it then
+    multiplies steps of up to `rows_limit` rows (rows_kernel_rows) on the bf16 weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_ops=None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
         self.dtype = weight.dtype  # of the inputs and outputs
-        self.rows_ops = None
+        self.rows_ops, self.rows_limit = None, 0
+        if rows_ops is not None and rows_kernel_rows(weight.dtype) > 0:
+            self.rows_ops, self.rows_limit = rows_ops, rows_kernel_rows(weight.dtype)
+            self.register_buffer("_rows_weight", pack_rows(weight), persistent=False)
         if weight.dtype not in packable_dtypes():  # bf16 without bf16 packing: float32 inside
-            if rows_ops is not None:
-                self.rows_ops = rows_ops
-                self.register_buffer("_rows_weight", pack_rows(weight), persistent=False)
             weight = weight.float()
             bias = None if bias is None else bias.float()
         # float32: one packing for single rows, one for batches; bf16: one packed for
@@ -147,7 +160,9 @@ class PackedLinear(nn.Module):
         # lowering requires of a packed weight.
         if weight.dtype == torch.bfloat16:
             batch = torch.ops.mkldnn._reorder_linear_weight(weight, BF16_BATCH_HINT)
-            one_row = batch if bf16_one_packing() else torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            # with the row kernel, single rows never reach a one-row packing
+            one_row = batch if self.rows_ops is not None or bf16_one_packing() else \
+                torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         else:
             batch = torch.ops.mkldnn._reorder_linear_weight(weight, None)
             # with the row kernel, single rows never reach a float32 packing
@@ -157,7 +172,7 @@ class PackedLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows_ops is not None and x.shape[0] <= ROWS_KERNEL_MAX_ROWS:
+        if self.rows_ops is not None and x.shape[0] <= self.rows_limit:
             return self.rows_ops.bf16_rows_mm(x, self._rows_weight, self.out_features, self.bias)
         packed = self._packed_one_row if x.shape[0] == 1 else self._packed_batch
         # .to is a no-op unless a bf16 weight was packed as float32
@@ -166,7 +181,7 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         inside = "" if self._packed_one_row.dtype == self.dtype else f", multiplied in {self._packed_one_row.dtype}"
         if self.rows_ops is not None:
-            inside += f" (up to {ROWS_KERNEL_MAX_ROWS} rows: bf16 row kernel)"
+            inside += f" (up to {self.rows_limit} rows: bf16 row kernel)"
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{inside}"
 
 

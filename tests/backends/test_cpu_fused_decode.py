@@ -116,21 +116,27 @@ def test_quantized_linears_take_the_fused_path(quantize, tmp_path_factory):
         assert (got - expected).abs().max().item() <= 0.03 * expected.abs().max().item()
 
 
-@pytest.mark.parametrize("row_limit", [8, 1])
-def test_bf16_weights_without_bf16_packing_take_the_row_kernel(row_limit, tmp_path_factory, monkeypatch):
-    """Where oneDNN packs no bf16 (an AVX2 CPU; forced here): the C++ multiplies few rows with the
-    bf16 row kernel and more (row_limit 1: these 3-row steps) through the float32 packing,
-    agreeing with the model's forward through float32 copies of the weights (with a q/k/v bias)."""
+@pytest.mark.parametrize("packing,row_limit", [("float32", 8), ("float32", 1), ("bfloat16", 3), ("bfloat16", 2)])
+def test_bf16_weights_take_the_row_kernel_for_few_rows(packing, row_limit, tmp_path_factory, monkeypatch):
+    """The C++ multiplies few rows (up to row_limit) with the bf16 row kernel and more (row_limit 1
+    or 2: these 3-row steps) through oneDNN: where oneDNN packs no bf16 (an AVX2 CPU; forced here) its
+    float32 packing, beside a bf16 packing (AVX-512 BF16) that one; agreeing with the model's
+    forward without the row kernel (with a q/k/v bias)."""
     from switchyard.backends.cpu import backend as backend_module
     from switchyard.backends.cpu import fused_decode
     from switchyard.backends.cpu import linear as linear_module
 
+    if packing == "float32":
+        monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
+        monkeypatch.setattr(linear_module, "ROWS_BESIDE_FLOAT32", row_limit)
+    elif torch.bfloat16 not in linear_module.packable_dtypes():
+        pytest.skip("oneDNN packs no bf16 on this CPU")
+    else:
+        monkeypatch.setattr(linear_module, "ROWS_BESIDE_BF16", row_limit)
     path = model_dir(tmp_path_factory, "qwen2-bias")
-    monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
-    monkeypatch.setattr(backend_module, "rows_kernel_serves", lambda dtype: False)
+    monkeypatch.setattr(backend_module, "rows_kernel_rows", lambda dtype: 0)
     eager = engine(path, "bfloat16", False)
-    monkeypatch.setattr(backend_module, "rows_kernel_serves", linear_module.rows_kernel_serves)
-    monkeypatch.setattr(fused_decode, "ROWS_KERNEL_MAX_ROWS", row_limit)
+    monkeypatch.setattr(backend_module, "rows_kernel_rows", linear_module.rows_kernel_rows)
     fused = engine(path, "bfloat16", True)
     assert isinstance(fused.runner, FusedDecodeRunner)
     qkv = fused.runner.layout.layers[0].qkv

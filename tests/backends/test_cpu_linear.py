@@ -13,6 +13,7 @@ from switchyard.core.layers import Linear, MergedLinear
 from switchyard.core.layers.linear import linear
 
 needs_packing = pytest.mark.skipif(not packing_supported(), reason="this torch has no oneDNN linear packing")
+needs_bf16_packing = pytest.mark.skipif(torch.bfloat16 not in packable_dtypes(), reason="oneDNN packs no bf16 on this CPU")
 # bf16 packing needs AVX-512 or AVX-NE-CONVERT; an AVX2-only CPU packs bf16 weights as float32
 PACKED_DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
@@ -180,8 +181,9 @@ def test_the_bf16_row_kernel_refuses_what_it_cannot_multiply(rows_ops):
     for width, out_features in ((32, 8), (65, 8), (40, 4), (40, 9)):
         with pytest.raises(RuntimeError, match="must match the packed weight"):
             rows_ops.bf16_rows_mm(torch.randn(1, width), packed, out_features, None)
-    with pytest.raises(RuntimeError, match="float32 bias"):
-        rows_ops.bf16_rows_mm(torch.randn(1, 40), packed, 8, torch.randn(8).bfloat16())
+    for bias in (torch.randn(8).half(), torch.randn(9)):
+        with pytest.raises(RuntimeError, match="float32 or bfloat16 bias"):
+            rows_ops.bf16_rows_mm(torch.randn(1, 40), packed, 8, bias)
 
 
 @pytest.mark.slow
@@ -206,23 +208,44 @@ class _CountingRowsOps:
         return self.ops.bf16_rows_mm(*args)
 
 
-@needs_packing
-@pytest.mark.parametrize("bias", [False, True])
-def test_bf16_weights_without_bf16_packing_take_the_row_kernel_for_few_rows(bias, rows_ops, monkeypatch):
-    """The AVX2 path (forced here): up to ROWS_KERNEL_MAX_ROWS rows through the row kernel on the
-    bf16 weight, more through the float32 packing; the same products either way."""
-    monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
-    assert linear_module.rows_kernel_serves(torch.bfloat16) and not linear_module.rows_kernel_serves(torch.float32)
+def test_the_row_kernel_serves_few_rows_of_bf16_weights_wherever_float32_packs(monkeypatch):
+    for dtypes, rows in (((torch.float32,), linear_module.ROWS_BESIDE_FLOAT32),
+                         ((torch.float32, torch.bfloat16), linear_module.ROWS_BESIDE_BF16), ((), 0)):
+        monkeypatch.setattr(linear_module, "packable_dtypes", lambda dtypes=dtypes: dtypes)
+        assert linear_module.rows_kernel_rows(torch.bfloat16) == rows
+        assert linear_module.rows_kernel_rows(torch.float32) == 0
+
+
+def _check_row_kernel_routing(bias, rows_ops, packed_dtype):
     plain = _filled(Linear(40, 24, bias=bias, dtype=torch.bfloat16))
     counting = _CountingRowsOps(rows_ops)
     packed = PackedLinear(plain.weight, plain.bias, counting)
+    limit = linear_module.rows_kernel_rows(torch.bfloat16)
+    assert packed.rows_limit == limit > 0 and packed._packed_batch.dtype == packed_dtype
     assert packed._rows_weight.shape == (6, 2, 4, 32) and "bf16 row kernel" in repr(packed)
-    assert packed._packed_one_row is packed._packed_batch  # single rows never reach a float32 packing
-    for rows in (1, linear_module.ROWS_KERNEL_MAX_ROWS, linear_module.ROWS_KERNEL_MAX_ROWS + 1, 33):
+    assert packed._packed_one_row is packed._packed_batch  # single rows never reach a one-row packing
+    for rows in (1, limit, limit + 1, 33):
         x = torch.randn(rows, 40).bfloat16()
         before = counting.calls
         with torch.inference_mode():
             out = packed(x)
-        assert (counting.calls > before) == (rows <= linear_module.ROWS_KERNEL_MAX_ROWS)
+        assert (counting.calls > before) == (rows <= limit)
         expected = _rows_reference(x, plain.weight, plain.bias)
         torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=8e-3)
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_weights_without_bf16_packing_take_the_row_kernel_for_few_rows(bias, rows_ops, monkeypatch):
+    """The AVX2 path (forced here): up to ROWS_BESIDE_FLOAT32 rows through the row kernel on the
+    bf16 weight, more through the float32 packing; the same products either way."""
+    monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
+    _check_row_kernel_routing(bias, rows_ops, torch.float32)
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_weights_beside_a_bf16_packing_take_the_row_kernel_for_one_or_two_rows(bias, rows_ops):
+    """AVX-512 BF16: up to ROWS_BESIDE_BF16 rows through the row kernel, more through oneDNN's bf16
+    packing (a bf16 bias as it is)."""
+    _check_row_kernel_routing(bias, rows_ops, torch.bfloat16)

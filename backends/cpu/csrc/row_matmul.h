@@ -7,7 +7,7 @@
 // For CPUs where oneDNN packs no bf16 (AVX2 without AVX-512): there linear.py multiplies bf16
 // weights as float32 copies, 4 bytes a weight, and a decode step of a few rows, bound by memory
 // bandwidth, reads twice what this kernel reads. Many rows are compute-bound and stay with
-// oneDNN (the callers' row limit, linear.py's ROWS_KERNEL_MAX_ROWS).
+// oneDNN (the callers' row limit, linear.py's rows_kernel_rows).
 //
 // W is repacked once at load (linear.py's pack_rows, the one description of the layout) into
 // tiles of kGroup = 4 rows: packed [N' / 4, K' / 32, 4, 32], N and K zero-padded to N' and K',
@@ -81,7 +81,7 @@ void run(const float* x, const c10::BFloat16* w, const float* bias, T* out, int6
 }
 
 // x [M, K] float32 or bfloat16, packed [N' / 4, K' / 32, 4, 32] bfloat16 (pack_rows), bias [N]
-// float32 (or none) -> [M, N] in x's dtype.
+// float32 or bfloat16 (or none) -> [M, N] in x's dtype.
 at::Tensor bf16_rows_mm(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                         const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kGroup && packed.size(3) == kColumns && packed.is_contiguous(),
@@ -93,8 +93,9 @@ at::Tensor bf16_rows_mm(const at::Tensor& x, const at::Tensor& packed, int64_t o
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "bf16_rows_mm: float32 or bfloat16 rows");
   std::optional<at::Tensor> b;
   if (bias && bias->numel() > 0) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N, "bf16_rows_mm: a float32 bias [N]");
-    b = bias->contiguous();
+    TORCH_CHECK((bias->scalar_type() == at::kFloat || bias->scalar_type() == at::kBFloat16) && bias->numel() == N,
+                "bf16_rows_mm: a float32 or bfloat16 bias [N]");
+    b = bias->to(at::kFloat).contiguous();
   }
   at::Tensor xf = x.to(at::kFloat);
   if (x.size(1) < K) xf = at::constant_pad_nd(xf, {0, K - x.size(1)});
