@@ -91,27 +91,37 @@ void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t gr
   std::fill(acc, acc + H * G * D, 0.0f);
   std::fill(m, m + H * G, -INFINITY);
   std::fill(l, l + H * G, 0.0f);
-  int64_t block = lo / rows.block_size, offset = lo % rows.block_size;
-  // the rows of the next tile: found (and prefetched) one tile ahead, since blocks lie
-  // anywhere in the cache and the hardware prefetcher cannot guess the next one
-  const auto find_rows = [&](int64_t n, const T** key) {
-    for (int64_t t = 0; t < n; ++t) {
-      key[t] = cache + (static_cast<int64_t>(rows.table[block]) * rows.block_size + offset) * row_stride;
-      if (++offset == rows.block_size) offset = 0, ++block;
-      for (int64_t byte = 0; byte < row_stride * static_cast<int64_t>(sizeof(T)); byte += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(key[t]) + byte, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(key[t] + rows.kv_half) + byte, _MM_HINT_T0);
+  const int64_t bs = rows.block_size, row_bytes = row_stride * static_cast<int64_t>(sizeof(T));
+  const int64_t half_bytes = rows.kv_half * static_cast<int64_t>(sizeof(T));
+  // Blocks lie anywhere in the cache, so the hardware prefetcher cannot guess the next one:
+  // each tile's rows (keys and values) are prefetched into L2 while the tile before is
+  // worked on, a share before each KV head's work, so the misses overlap the arithmetic
+  // (2-core Zen 4, 64 requests of ~160 positions, 30 layers: 21 -> 14 ms; into L1, or all
+  // at once at the tile's start, stalls on the misses instead).
+  int64_t ahead_block = lo / bs, ahead_offset = lo % bs;  // the next row to prefetch
+  const auto prefetch = [&](int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      const char* row = reinterpret_cast<const char*>(
+          cache + (static_cast<int64_t>(rows.table[ahead_block]) * bs + ahead_offset) * row_stride);
+      if (++ahead_offset == bs) ahead_offset = 0, ++ahead_block;
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+        _mm_prefetch(row + byte, _MM_HINT_T1);
+        _mm_prefetch(row + half_bytes + byte, _MM_HINT_T1);
       }
     }
   };
+  prefetch(std::min<int64_t>(kTile, hi - lo));
+  int64_t block = lo / bs, offset = lo % bs;
   const T* key[kTile];
-  const T* next[kTile];
-  find_rows(std::min<int64_t>(kTile, hi - lo), next);
   for (int64_t pos = lo; pos < hi; pos += kTile) {
     const int64_t n = std::min<int64_t>(kTile, hi - pos);
-    std::copy(next, next + n, key);
-    if (pos + kTile < hi) find_rows(std::min<int64_t>(kTile, hi - pos - kTile), next);
+    const int64_t ahead = std::max<int64_t>(0, std::min<int64_t>(kTile, hi - pos - kTile));  // the next tile's rows
+    for (int64_t t = 0; t < n; ++t) {
+      key[t] = cache + (static_cast<int64_t>(rows.table[block]) * bs + offset) * row_stride;
+      if (++offset == bs) offset = 0, ++block;
+    }
     for (int64_t h = 0; h < H; ++h) {
+      prefetch(ahead * (h + 1) / H - ahead * h / H);
       attend_tile<T, kD, kG>(key, n, h * D, rows.kv_half, q + h * G * D, D, G, soft_cap, m + h * G, l + h * G,
                              acc + h * G * D);
     }
