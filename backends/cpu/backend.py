@@ -10,6 +10,7 @@ import torch
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
                                      ShardInfo)
 from switchyard.core.layers import Linear
+from switchyard.core.quant.methods import served_by
 
 from .attention import CpuAttentionKernel, StepPlanCache
 from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
@@ -104,7 +105,7 @@ class CpuBackend(Backend):
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
                             static_shapes=False, attention_impl=self.attention_impl(),
-                            quantizations=("int8", "int4", "gguf"),
+                            quantizations=served_by(self.name),
                             preferred_dtype=preferred_dtype(), runtime=this_machine().describe())
 
     def process_environment(self, config) -> dict[str, str]:

@@ -16,29 +16,20 @@ import torch
 from torch import nn
 
 from ..layers.linear import Linear
-from ..params import ValidationError
+from .methods import QuantizeError, lookup
 from .weight import BLOCK, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
 
 QUANTIZE_AT_LOAD = ("int8", "int4")
-QUANTIZE_METHODS = (*QUANTIZE_AT_LOAD, "gguf")
-
-
-class QuantizeError(ValidationError):
-    """A --quantize value that does not fit the model (one line for the user)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, "quantize")
 
 
 def check_quantize_source(quantize: str | None, gguf_file: str | None) -> None:
-    """Refuses a quantization that cannot apply to this model's source."""
+    """Refuses a quantization that cannot apply to this model's source (the method table, methods.py)."""
     if quantize is None:
         return
-    if quantize not in QUANTIZE_METHODS:
-        raise QuantizeError(f"--quantize {quantize} is not one of {', '.join(QUANTIZE_METHODS)}")
-    if quantize == "gguf" and gguf_file is None:
+    method = lookup(quantize)
+    if method.source == "gguf" and gguf_file is None:
         raise QuantizeError("--quantize gguf needs a GGUF model file; this model has no GGUF weights "
                             "(use --quantize int8 or int4 to quantize a float checkpoint)")
 
