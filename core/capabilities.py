@@ -2,6 +2,8 @@
 
 Called once when an engine starts, before anything is loaded:
 - `dtype="auto"` becomes the backend's preferred dtype (the copy returned says which);
+- `quantize` becomes the method the weights are served in (core/quant/methods.py served_method:
+  a GGUF file in its own blocks, a Hub checkpoint in its quantization_config's method);
 - a `quantize` the backend does not declare is refused (one line), and so is any `quantize`
   with tensor parallelism (quantized weights are loaded whole, core/layers/linear.py);
 - a dtype or KV block size outside the declared lists is refused (BackendCapabilityError, one
@@ -30,6 +32,15 @@ def _listed(values) -> str:
     return ", ".join(str(v) for v in values) or "(none)"
 
 
+def _served_quantization(config: EngineConfig, caps: Capabilities) -> str | None:
+    """The method the weights are served in (core/quant/methods.py served_method), logged once."""
+    from .loader import served_quantization
+
+    quantize, why = served_quantization(config.model, config.parallel.tensor_parallel_size > 1, caps.quantizations)
+    logger.info("weights: %s (%s)", quantize or "floats", why)
+    return quantize
+
+
 def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -> EngineConfig:
     """The configuration this backend will run: `config` itself, or a copy with what the
     backend cannot do turned off. Raises BackendCapabilityError for what it cannot serve."""
@@ -41,7 +52,9 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if dtype not in caps.dtypes:
         raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
                                      f"it supports: {_listed(caps.dtypes)}")
-    quantize = config.model.quantize
+    quantize = _served_quantization(config, caps)
+    if quantize != config.model.quantize:
+        config = replace(config, model=replace(config.model, quantize=quantize))
     if quantize is not None and quantize not in caps.quantizations:
         raise BackendCapabilityError(f"backend {backend!r} does not support --quantize {quantize}; "
                                      f"it supports: {_listed(caps.quantizations)}")

@@ -155,7 +155,7 @@ class CpuBackend(Backend):
         """Swaps quantized linears for their kernels (quant.py), packs the float linear weights
         for oneDNN (linear.py; bf16 ones with the bf16 row kernel for few-row steps, _rows_kernel), then tells the remaining linears how this CPU multiplies a
         single row (tuning.py). The plain runner runs the result."""
-        if config.model.quantize is not None:
+        if any(isinstance(m, Linear) and m.quantized is not None for m in loaded.model.modules()):
             blocks = load_block_kernel(_cache_root(config.model.cache_dir))
             pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
         if self.pack_weights:

@@ -53,7 +53,7 @@ def load_decode_layers(cache_root: str) -> ExtensionBuild:
 
 
 def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | str:
-    """(tensors [weight, aux, bias, batch], ints [kind, out_features, bits, batch_rows,
+    """(tensors [weight, aux, bias, batch], ints [kind, out_features, mode, batch_rows,
     single_row_matvec]) of one linear module, as the C++ Linear takes them; or why it has none."""
     bias = getattr(module, "bias", None)  # every kind below has a `bias` (None or a tensor)
     bias = _NONE if bias is None else bias.detach()
@@ -63,11 +63,15 @@ def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.T
     if isinstance(module, PackedLinear):
         batch = module._packed_batch
         return [module._packed_one_row, _NONE, bias, batch], [ONEDNN, module.out_features, 0, 1, 0]
+    if isinstance(module, QuantizedLinear) and module.input_order is not None:
+        return "no fused path for act-order weights (input_order)"
     if isinstance(module, QuantizedLinear):
         batch = _NONE if module.batch is None else module.batch._packed_batch
         rows = -1 if module.batch is None else module.batch_rows
         if isinstance(module, BlockLinear):
-            return [module.packed, _NONE, bias, batch], [BLOCKS, module.out_features, module.bits, rows, 0]
+            rows = -1 if module.batch_rows is None else module.batch_rows
+            mode = int(module.batch_dtype == torch.bfloat16)
+            return [module.packed, module.segments, bias, _NONE], [BLOCKS, module.out_features, mode, rows, 0]
         if isinstance(module, Int8Linear):
             return [module.qweight, module.scales, bias, batch], [INT8, module.out_features, 0, rows, 0]
         if isinstance(module, Int4Linear):

@@ -194,7 +194,7 @@ def pack_linears(model: nn.Module, rows_ops=None) -> int:
     if torch.float32 in dtypes:
         dtypes += (torch.bfloat16,)
     targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, Linear) and module.weight.device.type == "cpu"
+               if isinstance(module, Linear) and module.quantized is None and module.weight.device.type == "cpu"
                and module.weight.dtype in dtypes]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")

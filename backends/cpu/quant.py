@@ -35,9 +35,10 @@ import torch
 from torch import nn
 
 from switchyard.core.layers import Linear
-from switchyard.core.quant import BLOCK, BLOCK_BYTES, QuantizedWeight
+from switchyard.core.quant import BLOCK, BLOCK_BYTES, BLOCK_WEIGHTS, QuantizedWeight
+from switchyard.core.quant.parts import QuantizedParts
 
-from .block_pack import BITS, pack_blocks
+from .block_pack import pack_blocks
 from .extension import BLOCK_SOURCE, ExtensionBuild, build_extension, register_fake_once
 from .linear import PackedLinear, packable_dtypes
 
@@ -68,27 +69,36 @@ def int4_operands(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class QuantizedLinear(nn.Module):
-    """The common part: bias, the batch path, and the bf16 round trip."""
+    """The common part: bias, the batch path, and the bf16 round trip. Batches of more than
+    `batch_rows` rows (None: never) go through `multiply_batch`: here a oneDNN-packed bf16 copy of
+    the dequantized weight, kept beside the quantized one (torch's int4 / int8 kernels)."""
 
-    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, batch_rows: int | None):
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, batch_rows: int | None,
+                 keep_batch_copy: bool = True):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.format = weight.format
         self.bias = bias
         self.batch_rows = batch_rows
+        # act-order weights (core/quant/hub): x's columns are put in the weight's order first
+        self.register_buffer("input_order", getattr(weight, "input_order", None), persistent=False)
         self.batch = None
-        if batch_rows is not None and torch.bfloat16 in packable_dtypes():
+        if keep_batch_copy and batch_rows is not None and torch.bfloat16 in packable_dtypes():
             self.batch = PackedLinear(weight.dequantize(torch.bfloat16), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.batch is not None and x.shape[0] > self.batch_rows:
-            out = self.batch(x.to(torch.bfloat16)).to(x.dtype)
-        else:
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
+        out = self.multiply_batch(x) if self.batch_rows is not None and x.shape[0] > self.batch_rows else None
+        if out is None:
             out = self.multiply(x)
         return out if self.bias is None else out + self.bias
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def multiply_batch(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if self.batch is None else self.batch(x.to(torch.bfloat16)).to(x.dtype)
 
     def extra_repr(self) -> str:
         batch = f", batches over {self.batch_rows} rows: bf16 oneDNN" if self.batch is not None else ""
@@ -121,18 +131,32 @@ class Int8Linear(QuantizedLinear):
 
 
 class BlockLinear(QuantizedLinear):
-    """A q4_0 / q4_1 / q8_0 weight repacked into csrc/block_matmul.cpp's tiles (block_pack.py).
-    `ops`: the loaded extension's namespace (fake implementation registered)."""
+    """A block-format weight (or a fused weight's parts in their formats) repacked into
+    csrc/block_matmul.cpp's tiles (block_pack.py). Batches of more than `batch_rows` rows
+    dequantize the tiles into one `batch_dtype` matrix for the call and drop it after (no float
+    copy is kept): a big batch is compute-bound, where oneDNN's GEMM beats the integer loop.
+    `ops`: the loaded extension's namespace (fake implementations registered)."""
 
-    def __init__(self, weight: QuantizedWeight, ops, bias: torch.Tensor | None = None, batch_rows: int | None = None):
-        super().__init__(weight, bias, batch_rows)
-        packed = pack_blocks(weight)
+    def __init__(self, weight: QuantizedWeight | QuantizedParts, ops, bias: torch.Tensor | None = None,
+                 batch_rows: int | None = None, batch_dtype: torch.dtype = torch.float32):
+        super().__init__(weight, bias, batch_rows, keep_batch_copy=False)
+        packed = pack_blocks(weight.parts if isinstance(weight, QuantizedParts) else weight)
         self.register_buffer("packed", packed.data, persistent=False)
-        self.bits = packed.bits
+        self.register_buffer("segments", packed.segments, persistent=False)
+        self.batch_dtype = batch_dtype
         self.ops = ops
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.block_mm(x, self.packed, self.out_features, self.bits)
+        return self.ops.block_mm(x, self.packed, self.segments, self.out_features)
+
+    def multiply_batch(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.ops.block_dequantize(self.packed, self.segments, self.out_features, self.in_features,
+                                           self.batch_dtype)
+        return torch.nn.functional.linear(x.to(self.batch_dtype), weight).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        batch = "" if self.batch_rows is None else f", batches over {self.batch_rows} rows: dequantized per call"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.format}{batch}"
 
 
 def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE) -> ExtensionBuild:
@@ -140,15 +164,26 @@ def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE) -> ExtensionB
     build = build_extension(cache_root, source, "CPU block-format matmul",
                             "q4 weights through torch's int4 kernel, q8_0 dequantized", ("block_mm",))
     register_fake_once(build, "block_mm",
-                       lambda x, packed, out_features, bits: x.new_empty((x.shape[0], out_features)))
+                       lambda x, packed, segments, out_features: x.new_empty((x.shape[0], out_features)))
+    register_fake_once(build, "block_dequantize", lambda packed, segments, out_features, in_features, dtype:
+                       packed.new_empty((out_features, in_features), dtype=dtype))
     return build
 
 
-def kernel_module(weight: QuantizedWeight, bias: torch.Tensor | None, block_ops,
+def block_formatted(weight: QuantizedWeight | QuantizedParts) -> bool:
+    """Whether the block kernel multiplies `weight` (every part in a ggml block format)."""
+    parts = weight.parts if isinstance(weight, QuantizedParts) else (weight,)
+    return all(part.format in BLOCK_WEIGHTS for part in parts)
+
+
+def kernel_module(weight: QuantizedWeight | QuantizedParts, bias: torch.Tensor | None, block_ops,
                   batch_rows: int | None) -> nn.Module | None:
     """The kernel module of one weight, or None when this CPU has none for its format."""
-    if weight.format in BITS and block_ops is not None:
-        return BlockLinear(weight, block_ops, bias, batch_rows)
+    if block_ops is not None and block_formatted(weight):
+        batch_dtype = torch.bfloat16 if torch.bfloat16 in packable_dtypes() else torch.float32
+        return BlockLinear(weight, block_ops, bias, batch_rows, batch_dtype)
+    if isinstance(weight, QuantizedParts):
+        return None
     if weight.format in INT4_FORMATS:
         return Int4Linear(weight, bias, batch_rows)
     if weight.format == "int8":

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..quant.parts import QuantizedParts
 from ..quant.weight import QuantizedWeight, dequantize_rows
 
 logger = logging.getLogger(__name__)
@@ -112,14 +113,17 @@ class Linear(nn.Module):
         self.rows, self.cols, self.bias_elsewhere = rows, cols, bias_elsewhere
         # How a single row is multiplied (see `linear`); a backend may set it per layer.
         self.single_row_matvec: bool | None = None
-        self.quantized: QuantizedWeight | None = None  # set instead of `weight` (hold_quantized)
+        # set instead of `weight` (hold_quantized); QuantizedParts: a fused weight's parts in their formats
+        self.quantized: QuantizedWeight | QuantizedParts | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
-            return F.linear(x, self.quantized.dequantize(x.dtype), self.bias)
+            order = getattr(self.quantized, "input_order", None)  # act-order: W's columns sorted by group
+            return F.linear(x if order is None else x.index_select(-1, order), self.quantized.dequantize(x.dtype),
+                            self.bias)
         return linear(x, self.weight, self.bias, self.single_row_matvec)
 
-    def hold_quantized(self, weight: QuantizedWeight, free_float: bool = True) -> None:
+    def hold_quantized(self, weight: QuantizedWeight | QuantizedParts, free_float: bool = True) -> None:
         """Keep `weight` instead of the float one; free_float: empty the float parameter (False
         when another module still reads it, e.g. the embedding a head is tied to)."""
         if weight.shape != (self.out_features, self.in_features):
@@ -160,6 +164,12 @@ def _whole_quantized(weight: QuantizedWeight, *slices: Slice | None) -> Quantize
     return weight
 
 
+def float_weight(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The float weight in the checkpoint's column order (an act-order weight's columns put back)."""
+    dense = weight.dequantize(dtype)
+    return dense if weight.input_order is None else torch.empty_like(dense).index_copy_(1, weight.input_order, dense)
+
+
 def read_whole(tensor: CheckpointTensor) -> torch.Tensor:
     """A whole checkpoint tensor (a lazy one is read)."""
     return tensor if isinstance(tensor, torch.Tensor) else tensor.narrow(0, 0, tensor.shape[0])
@@ -183,8 +193,8 @@ class MergedLinear(Linear):
 
     def load_shard(self, param: nn.Parameter, shard: int, tensor: CheckpointTensor) -> None:
         """Part `shard` (e.g. 1 = k of q/k/v) from its own checkpoint tensor. Quantized parts
-        are joined into one quantized weight once all have come in one format; parts that
-        cannot be joined (another format, or a float part) are dequantized into `weight`."""
+        are joined into one quantized weight once all have come (QuantizedParts where their
+        formats differ); once a part comes as floats, every part is dequantized into `weight`."""
         start, size = sum(self.output_sizes[:shard]), self.output_sizes[shard]
         if isinstance(tensor, QuantizedWeight) and param is self.weight and not self._float_parts:
             self._quantized_parts[shard] = _whole_quantized(tensor, self.parts[shard])
@@ -195,25 +205,31 @@ class MergedLinear(Linear):
             self._float_parts = True
             self._dequantize_parts()
         if isinstance(tensor, QuantizedWeight):
-            tensor = tensor.dequantize(param.dtype)
+            tensor = float_weight(tensor, param.dtype)
         _copy(f"shard {shard}", param.data.narrow(0, start, size), read_slice(tensor, 0, self.parts[shard]))
 
     def _join_quantized_parts(self) -> None:
         parts = [self._quantized_parts[i] for i in range(len(self.output_sizes))]
-        if len({part.format for part in parts}) > 1:
-            logger.info("fused projection with parts in formats %s: dequantized", [p.format for p in parts])
+        orders = [part.input_order for part in parts]
+        if any(o is not None for o in orders) and (len({p.format for p in parts}) > 1 or not all(
+                o is not None and torch.equal(o, orders[0]) for o in orders)):
+            logger.info("fused projection of act-order parts that differ in format or input order: dequantized")
             self._float_parts = True
             self._dequantize_parts()
+            return
+        if len({part.format for part in parts}) > 1:  # each part stays in its own format
+            self._quantized_parts = {}
+            self.hold_quantized(QuantizedParts(tuple(parts)))
             return
         scales = None if parts[0].scales is None else torch.cat([p.scales for p in parts])
         self._quantized_parts = {}
         self.hold_quantized(QuantizedWeight(parts[0].format, (self.out_features, self.in_features),
-                                            torch.cat([p.data for p in parts]), scales))
+                                            torch.cat([p.data for p in parts]), scales, orders[0]))
 
     def _dequantize_parts(self) -> None:
         for shard, part in sorted(self._quantized_parts.items()):
             start = sum(self.output_sizes[:shard])
-            self.weight.data.narrow(0, start, part.shape[0]).copy_(part.dequantize(self.weight.dtype))
+            self.weight.data.narrow(0, start, part.shape[0]).copy_(float_weight(part, self.weight.dtype))
         self._quantized_parts = {}
 
     def load(self, param_name: str, tensor: CheckpointTensor) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import torch
@@ -19,7 +19,9 @@ from ..backend import SINGLE_SHARD, AttentionSpec, Backend, Communicator, ShardI
 from ..chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
-from ..quant.apply import QuantizeError, check_quantize_source, quantize_model
+from ..quant.apply import QUANTIZE_AT_LOAD, QuantizeError, quantize_model
+from ..quant.methods import detect, served_method
+from ..quant.hub import HubQuantizedWeights
 from .gguf_packed import GGUFPackedWeights
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
@@ -58,20 +60,30 @@ def torch_dtype(name: str) -> torch.dtype:
 def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     if source.kind == "named":
         return named_config(source.path)
-    if source.kind == "gguf":
+    if source.kind == "gguf" and source.metadata is None:
         with gguf_refusals(source.path):
             return load_gguf_config(source.path)
-    return load_hf_config(source.path, trust_remote_code)
+    return load_hf_config(source.metadata or source.path, trust_remote_code)
 
 
 def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoice]:
     """Where the model comes from, its config, and which path runs it; an architecture
-    no path runs raises UnsupportedModelError, a --quantize the source cannot give a
-    QuantizeError. Cheap: no weights are read."""
+    no path runs raises UnsupportedModelError. Cheap: no weights are read."""
     source = resolve_source(model_config)
-    check_quantize_source(model_config.quantize, source.gguf_file if source.load_format != "dummy" else None)
     hf_config = load_config(source, model_config.trust_remote_code)
     return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
+
+
+def served_quantization(model_config: ModelConfig, sharded: bool = False,
+                        backend_methods: tuple[str, ...] = ("gguf",)) -> tuple[str | None, str]:
+    """(the method the weights are served in, why): methods.served_method over this model's
+    source (a GGUF file, a checkpoint's quantization_config), --quantize and the methods the
+    backend serves. Cheap: the config only."""
+    source = resolve_source(model_config)
+    gguf_file = source.gguf_file if source.load_format != "dummy" else None
+    config = None if gguf_file is not None or source.kind == "named" else load_config(source, model_config.trust_remote_code)
+    return served_method(model_config.quantize, gguf_file, getattr(config, "quantization_config", None), sharded,
+                         backend_methods)
 
 
 def load_model(model_config: ModelConfig, backend: Backend, block_size: int, shard: ShardInfo = SINGLE_SHARD,
@@ -79,8 +91,9 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int, sha
     """The model on the backend's device, weights loaded, eval mode. shard.sharded: this
     shard's slice (its heads, MLP and vocabulary slices; attention_spec with its head
     counts), collectives through `communicator`; the logits stay [N, vocab] on every shard."""
+    quantize = served_quantization(model_config, shard.sharded, backend.capabilities().quantizations)[0]
+    model_config = replace(model_config, quantize=quantize)
     source, hf_config, choice = choose_model(model_config)
-    quantize = model_config.quantize
     dtype = torch_dtype(model_config.dtype)
     check_shardable(hf_config, shard.world_size)
     tp = TensorParallel(shard.rank, shard.world_size, communicator) if shard.sharded else TensorParallel()
@@ -90,7 +103,9 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int, sha
         fill_dummy_weights(model, model_config.seed, per_name=tp.sharded)
     else:
         _load_checkpoint(model, source, hf_config, lazy=tp.sharded, packed_gguf=quantize == "gguf")
-    if quantize in ("int8", "int4") and quantize_model(model, quantize, head=getattr(model, "lm_head", None)) == 0:
+    prequantized = detect(getattr(hf_config, "quantization_config", None)) is not None  # its own layers only
+    if quantize in QUANTIZE_AT_LOAD and not prequantized and \
+            quantize_model(model, quantize, head=getattr(model, "lm_head", None)) == 0:
         raise QuantizeError(f"--quantize {quantize}: model {choice.describe()} has no linear this engine quantizes")
     model.eval()
     specs = tuple(model.attention_specs)
@@ -138,6 +153,8 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
     if source.kind == "named":
         config = named_config(source.path)
         return dummy_tokenizer(config.vocab_size, config.bos_token_id, _first(config.eos_token_id))
+    if source.kind == "gguf" and source.metadata is not None:
+        return AutoTokenizer.from_pretrained(source.metadata)
     if source.kind == "gguf":
         return AutoTokenizer.from_pretrained(source.directory, gguf_file=os.path.basename(source.path))
     return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
@@ -153,6 +170,9 @@ def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy
         total = len(weights)
     elif source.kind == "gguf":
         weights: Iterable = GGUFWeights(source.path, hf_config)
+        total = len(weights)
+    elif HubQuantizedWeights.reads(getattr(hf_config, "quantization_config", None)):  # GPTQ, AWQ, ... (core/quant/hub)
+        weights = HubQuantizedWeights(safetensors_files(source.path), hf_config.quantization_config)
         total = len(weights)
     else:
         files = safetensors_files(source.path)

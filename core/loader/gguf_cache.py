@@ -1,10 +1,9 @@
-"""GGUF files are converted once into an equivalent Hugging Face directory
-(config.json, tokenizer files, dequantized float32 safetensors) kept in a cache.
+"""A GGUF file's metadata is converted once into a small Hugging Face directory (config.json
+and the tokenizer files) kept in a cache; the weights are always read from the GGUF file itself
+(mapped, core/loader/gguf_packed.py), never copied.
 
-Parsing a GGUF's metadata with the `gguf` package takes ~8 s per pass for a
-49k-token vocabulary, and the config, the tokenizer and the weights each need a
-pass: ~25 s before every start. The converted directory loads in ~2 s, and its
-tensors are bit-identical to the dequantized GGUF ones.
+Parsing a GGUF's metadata with transformers takes ~8 s per pass for a 49k-token vocabulary,
+and the config and the tokenizer each need a pass; the converted directory loads in ~1 s.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import threading
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # bump when the conversion changes, so stale caches are ignored
+FORMAT_VERSION = 2  # bump when the conversion changes, so stale caches are ignored
 _DONE_MARK = ".switchyard-converted"
 
 
@@ -31,7 +30,7 @@ def default_cache_root() -> str:
 
 
 def converted_directory(gguf_path: str, cache_root: str) -> str:
-    """The Hugging Face directory equivalent to `gguf_path`, converting it on first use."""
+    """The config-and-tokenizer directory of `gguf_path`, converted on first use."""
     stat = os.stat(gguf_path)
     key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{stat.st_size}:{stat.st_mtime_ns}:{FORMAT_VERSION}"
                          .encode()).hexdigest()[:16]
@@ -41,7 +40,7 @@ def converted_directory(gguf_path: str, cache_root: str) -> str:
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     sweep_stale_staging(os.path.dirname(target))
-    logger.info("converting %s once into %s", gguf_path, target)
+    logger.info("reading the config and tokenizer of %s once into %s", gguf_path, target)
     with _staging_folder(os.path.dirname(target), name) as staging:
         _convert(gguf_path, staging)
         open(os.path.join(staging, _DONE_MARK), "w").close()
@@ -119,14 +118,11 @@ def _process_alive(pid: int) -> bool:
 
 
 def _convert(gguf_path: str, out_dir: str) -> None:
-    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from .gguf_weights import GGUFWeights, load_gguf_config
+    from .gguf_weights import load_gguf_config
 
     config = load_gguf_config(gguf_path)
     config.save_pretrained(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
     tokenizer.save_pretrained(out_dir)
-    tensors = {name: tensor.contiguous() for name, tensor in GGUFWeights(gguf_path, config)}
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"source": os.path.basename(gguf_path)})

@@ -1,16 +1,19 @@
 """A GGUF file's weight matrices as QuantizedWeights, its blocks kept as the file has them
-(`--quantize gguf`): nothing is dequantized that a kernel can multiply directly.
+(`--quantize gguf`, the default for a GGUF file): nothing is dequantized that a kernel can
+multiply directly. The blocks are read from the mapped file (GGUFReader's memmap), not copied:
+a backend repacks them once, and the mapping is dropped with the reader.
 
 Names and every other tensor come as in core/loader/gguf_weights.py (transformers' mapping and
 TensorProcessor). The only processing a packed matrix needs is llama's q/k row permutation
 (llama.cpp interleaves each head's rotary halves; transformers undoes it): blocks run along
 the input dim, so whole rows permute. Architectures whose processor does anything else to
 weight matrices load them dequantized, as do formats with no packed kernel (one logged line
-per reason).
+per reason). Gemma's and Nemotron's processors change only norm vectors, so their matrices pack.
 """
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -21,9 +24,13 @@ from .gguf_weights import GGUFWeights, _float32_tensor
 
 logger = logging.getLogger(__name__)
 
-PACKED_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # ggml type name -> our format
+# ggml type name -> our format (core/quant/weight.py)
+PACKED_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q8_0": "q8_0",
+                "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 # Architectures whose TensorProcessor changes weight matrices only by permuting rows here.
 ROW_PERMUTED_ARCHITECTURES = ("llama",)
+# Architectures whose TensorProcessor changes only 1-D tensors (norm weights).
+VECTOR_ONLY_ARCHITECTURES = ("gemma2", "gemma3", "nemotron")
 
 
 def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
@@ -33,14 +40,14 @@ def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
 
 
 class GGUFPackedWeights(GGUFWeights):
-    """Iteration yields (HF name, QuantizedWeight) for Q4_0/Q4_1/Q8_0 matrices and
+    """Iteration yields (HF name, QuantizedWeight) for matrices in a PACKED_TYPES format and
     (HF name, float32 tensor) for everything else."""
 
     def __init__(self, path: str, hf_config: Any):
         super().__init__(path, hf_config)
         from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
-        self.packable = (self.architecture in ROW_PERMUTED_ARCHITECTURES
+        self.packable = (self.architecture in ROW_PERMUTED_ARCHITECTURES + VECTOR_ONLY_ARCHITECTURES
                          or type(self.processor) is TensorProcessor)
         if not self.packable:
             logger.warning("--quantize gguf: architecture %r transforms its weights on load; every tensor "
@@ -70,7 +77,9 @@ class GGUFPackedWeights(GGUFWeights):
 
     def _packed(self, tensor: Any, fmt: str) -> QuantizedWeight:
         rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # ggml lists the contiguous dim first
-        data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(rows, -1)
+        with warnings.catch_warnings():  # the mapping is read-only, and nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(tensor.data.view(np.uint8)).reshape(rows, -1)
         weight = QuantizedWeight(fmt, (rows, cols), data)
         heads = self._permuted_heads(tensor.name)
         return weight if heads is None else weight.rows(unpermute_rows(rows, heads))

@@ -27,9 +27,11 @@ class ModelSource:
     kind: str  # "safetensors" (a directory) | "gguf" (a file) | "config" (a config.json file) | "named"
     path: str  # for "named": the name in named_configs.NAMED_CONFIGS
     load_format: str  # "safetensors" | "gguf" | "dummy": how the weights are made
-    # The GGUF file the weights come from: `path` itself, or the file a converted directory was
-    # made from (--quantize gguf reads its blocks packed); None for other sources.
+    # The GGUF file the weights come from (`path` itself); None for other sources.
     gguf_file: str | None = None
+    # A GGUF's config.json and tokenizer, converted once (gguf_cache.py) so that a start does not
+    # parse the file's metadata again; None: read them from the file.
+    metadata: str | None = None
 
     @property
     def directory(self) -> str:
@@ -136,5 +138,5 @@ def resolve_source(model_config: ModelConfig) -> ModelSource:
 
         with gguf_refusals(path):
             converted = converted_directory(path, model_config.cache_dir or default_cache_root())
-        return ModelSource("safetensors", converted, "safetensors", gguf_file=path)
+        return ModelSource("gguf", path, "gguf", gguf_file=path, metadata=converted)
     return ModelSource(kind, path, load_format, gguf_file=path if kind == "gguf" else None)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from switchyard.backends.cpu import CpuBackend
-from switchyard.backends.cpu.block_pack import pack_blocks, unpack_reference
+from switchyard.backends.cpu.block_pack import pack_blocks, record_bytes, unpack_reference
 from switchyard.backends.cpu.quant import BlockLinear, Int4Linear, Int8Linear, load_block_kernel
 from switchyard.core.capabilities import check_capabilities
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
@@ -16,7 +16,9 @@ from switchyard.core.errors import BackendCapabilityError
 from switchyard.core.layers import Linear
 from switchyard.core.loader import load_model
 from switchyard.core.loader.gguf_cache import default_cache_root
-from switchyard.core.quant import BLOCK_BYTES, QuantizedWeight, quantize_int4, quantize_int8
+from switchyard.core.quant import BLOCK_WEIGHTS, QuantizedWeight, quantize_int4, quantize_int8
+from switchyard.core.quant.parts import QuantizedParts
+from switchyard.core.testing.quant_blocks import BLOCK_FORMATS, random_blocks
 from switchyard.core.quant.apply import QuantizeError, quantize_model
 from switchyard.core.quant.methods import served_by
 from switchyard.core.loader.gguf_packed import unpermute_rows
@@ -27,28 +29,15 @@ from kernel_variants import build_variant
 # per 32 values: with these 5-block rows, up to 2.3% over 300 random draws (1.0-1.6% at p99).
 BF16_TOL = 1e-2
 BLOCK_TOL = 3e-2
-BLOCK_FORMATS = ("q4_0", "q4_1", "q8_0")
+# The k-quants' d = d_super * sub-scale is rounded to fp16 in the tiles (block_pack.py).
+ROUNDED_SCALES = ("q4_k", "q5_k", "q6_k")
 
 
-def random_blocks(fmt: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
-    """Random but valid blocks: finite fp16 scales (and mins) of a realistic size."""
-    gen = torch.Generator().manual_seed(seed)
-    nblocks = cols // 32
-    data = torch.randint(0, 256, (rows, nblocks, BLOCK_BYTES[fmt]), dtype=torch.uint8, generator=gen)
-    halves = 2 if fmt == "q4_1" else 1
-    scales = (torch.rand(rows, nblocks, halves, generator=gen) * 0.02 - 0.005).half()
-    data[..., :2 * halves] = scales.view(torch.uint8).reshape(rows, nblocks, 2 * halves)
-    return QuantizedWeight(fmt, (rows, cols), data.reshape(rows, -1).contiguous())
-
-
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
-def test_dequantize_matches_gguf_py(fmt):
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    weight = random_blocks(fmt, 6, 96)
-    expected = dequantize(weight.data.numpy(), GGMLQuantizationType[fmt.upper()])
-    torch.testing.assert_close(weight.dequantize(), torch.from_numpy(np.asarray(expected, dtype=np.float32)))
+def weight_of(fmt: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
+    """Random blocks (core/testing/quant_blocks.py) of `cols` weights a row, at scales that keep
+    the weights near 1 whatever the format's block size."""
+    scale = (1e-4, 3e-3) if fmt in ROUNDED_SCALES else (1e-3, 1e-1)
+    return random_blocks(fmt, rows, cols // BLOCK_WEIGHTS[fmt], seed, scale)
 
 
 def test_unpermute_rows_matches_transformers():
@@ -68,13 +57,23 @@ def test_int8_and_int4_round_trip_within_their_step():
     assert ((int4.dequantize() - weight).reshape(16, 2, 32).abs().amax(-1) <= step * 0.51 + 1e-3).all()
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
 @pytest.mark.parametrize("rows", [16, 40])  # 40: the last tile padded with zero rows
 def test_block_tiles_hold_exactly_the_weight(fmt, rows):
-    weight = random_blocks(fmt, rows, 96, seed=rows)
+    weight = weight_of(fmt, rows, 512, seed=rows)
     packed = pack_blocks(weight)
-    assert packed.data.dtype == torch.uint8 and packed.data.shape[0] == -(-rows // 16)
-    assert torch.equal(unpack_reference(packed), weight.dequantize())
+    records = 512 // 32 * -(-rows // 16)
+    assert packed.data.dtype == torch.uint8 and packed.segments.tolist()[0][:3] == [rows, *LAYOUT[fmt]]
+    assert packed.data.numel() == records * record_bytes(*LAYOUT[fmt])
+    expected = weight.dequantize()
+    if fmt in ROUNDED_SCALES:  # d rounded to fp16 once: within 2^-11 of each d * u
+        torch.testing.assert_close(unpack_reference(packed), expected, rtol=0, atol=2**-10 * expected.abs().max().item())
+    else:
+        assert torch.equal(unpack_reference(packed), expected)
+
+
+LAYOUT = {"q4_0": (4, 32), "q4_1": (4, 32), "q4_k": (4, 32), "q5_0": (5, 32), "q5_1": (5, 32), "q5_k": (5, 32),
+          "q6_k": (6, 16), "q8_0": (8, 32)}
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +84,10 @@ def block_ops():
     return build.ops
 
 
-def _kernel(fmt: str, weight: QuantizedWeight, ops, bias, batch_rows, torch_int4: bool = False):
+def _kernel(fmt: str, weight: QuantizedWeight, ops, bias, batch_rows, torch_int4: bool = False,
+            batch_dtype: torch.dtype = torch.float32):
     if fmt in BLOCK_FORMATS and not torch_int4:
-        return BlockLinear(weight, ops, bias, batch_rows)
+        return BlockLinear(weight, ops, bias, batch_rows, batch_dtype)
     return (Int8Linear if fmt == "int8" else Int4Linear)(weight, bias, batch_rows)
 
 
@@ -104,12 +104,12 @@ def int8_blocks(x: torch.Tensor) -> torch.Tensor:
 def test_block_kernel_is_exact_on_int8_rounded_activations(fmt, rows, block_ops):
     """Against the dequantized weight times the activations rounded as the kernel rounds them:
     the integer dots are exact, so only float32 summation order differs (every row-tile size)."""
-    weight = random_blocks(fmt, 40, 256, seed=rows)
-    x = torch.randn(rows, 256) * 3
+    weight = weight_of(fmt, 40, 512, seed=rows)
+    x = torch.randn(rows, 512) * 3
     x[0, :32] = 0  # an all-zero block (scale 0)
     packed = pack_blocks(weight)
-    out = block_ops.block_mm(x, packed.data, 40, packed.bits)
-    expected = int8_blocks(x) @ weight.dequantize().T
+    out = block_ops.block_mm(x, packed.data, packed.segments, 40)
+    expected = int8_blocks(x) @ unpack_reference(packed).T
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
@@ -123,36 +123,63 @@ def test_other_instruction_sets_compute_the_same(variant, tmp_path):
     ops = build_variant(BLOCK_SOURCE, variant, tmp_path)
     assert ops.block_mm_isa() == variant
     for fmt in BLOCK_FORMATS:
-        weight = random_blocks(fmt, 40, 128, seed=5)
+        weight = weight_of(fmt, 40, 256, seed=5)
         packed = pack_blocks(weight)
+        reference = unpack_reference(packed)
         for rows in (1, 4, 5):
-            x = torch.randn(rows, 128)
-            expected = int8_blocks(x) @ weight.dequantize().T
-            torch.testing.assert_close(ops.block_mm(x, packed.data, 40, packed.bits), expected,
+            x = torch.randn(rows, 256)
+            expected = int8_blocks(x) @ reference.T
+            torch.testing.assert_close(ops.block_mm(x, packed.data, packed.segments, 40), expected,
                                        rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+        dequantized = ops.block_dequantize(packed.data, packed.segments, 40, 256, torch.float32)
+        assert torch.equal(dequantized, reference)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "int8", "q8_0", "torch-int4"])
+@pytest.mark.parametrize("fmt", [*BLOCK_FORMATS, "int8", "torch-int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,batch_rows", [(1, None), (5, None), (5, 4), (33, 4)])
 def test_kernels_match_the_dequantized_reference(fmt, dtype, rows, batch_rows, block_ops):
     torch_int4 = fmt == "torch-int4"
     fmt = "q4_1" if torch_int4 else fmt
-    weight = quantize_int8(torch.randn(72, 160)) if fmt == "int8" else random_blocks(fmt, 72, 160)
+    weight = quantize_int8(torch.randn(72, 256)) if fmt == "int8" else weight_of(fmt, 72, 256)
     bias = torch.randn(72).to(dtype)
-    x = torch.randn(rows, 160).to(dtype)
+    x = torch.randn(rows, 256).to(dtype)
     with torch.inference_mode():
-        out = _kernel(fmt, weight, block_ops, bias, batch_rows, torch_int4)(x)
+        out = _kernel(fmt, weight, block_ops, bias, batch_rows, torch_int4, batch_dtype=dtype)(x)
     expected = x.float() @ weight.dequantize().T + bias.float()
     assert out.shape == (rows, 72) and out.dtype == dtype
     tol = BLOCK_TOL if fmt in BLOCK_FORMATS and not torch_int4 else BF16_TOL
     assert (out.float() - expected).abs().max() <= tol * expected.abs().max()
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_parts_in_different_formats_are_one_kernel(block_ops):
+    """A fused q/k/v whose parts differ (Q4_K_M: q, k Q4_K, v Q6_K): one BlockLinear of three
+    segments, each multiplied in its own layout, on the integer path and the batch path."""
+    parts = QuantizedParts((weight_of("q4_k", 48, 512, 1), weight_of("q5_0", 24, 512, 2), weight_of("q6_k", 40, 512, 3)))
+    expected_weight = parts.dequantize()
+    for batch_rows in (None, 2):
+        module = BlockLinear(parts, block_ops, None, batch_rows)
+        assert module.segments[:, 0].tolist() == [48, 24, 40]
+        x = torch.randn(5, 512)
+        expected = x @ expected_weight.T
+        with torch.inference_mode():
+            out = module(x)
+        assert (out - expected).abs().max() <= BLOCK_TOL * expected.abs().max()
+
+
+def test_block_kernel_refuses_a_layout_it_has_not(block_ops):
+    weight = weight_of("q4_0", 16, 64)
+    packed = pack_blocks(weight)
+    with pytest.raises(RuntimeError, match="no kernel for 6-bit weights in groups of 32"):
+        block_ops.block_mm(torch.randn(1, 64), packed.data, torch.tensor([[16, 6, 32, 0]]), 16)
+    with pytest.raises(RuntimeError, match="do not match out_features"):
+        block_ops.block_mm(torch.randn(1, 64), packed.data, packed.segments, 32)
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "q4_k", "q6_k"])
 def test_kernels_trace_under_torch_compile(fmt, block_ops):
-    module = _kernel(fmt, random_blocks(fmt, 64, 128), block_ops, None, None)
-    x = torch.randn(2, 128)
+    module = _kernel(fmt, weight_of(fmt, 64, 256), block_ops, None, 1)
+    x = torch.randn(2, 256)
     compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), module(x))
@@ -203,7 +230,7 @@ def test_gguf_on_a_model_without_gguf_weights_is_refused():
 def test_refusals_before_loading():
     caps = CpuBackend().capabilities()
     assert caps.quantizations == served_by("cpu") and {"int8", "int4", "gguf"} <= set(caps.quantizations)
-    with pytest.raises(BackendCapabilityError, match="does not support --quantize nonsense; it supports: gguf, int8"):
+    with pytest.raises(QuantizeError, match="--quantize nonsense is not a quantization method; known: gguf, int8"):
         check_capabilities("cpu", caps, EngineConfig(model=ModelConfig(quantize="nonsense")))
     sharded = EngineConfig(model=ModelConfig(quantize="int8"), parallel=ParallelConfig(tensor_parallel_size=2))
     with pytest.raises(BackendCapabilityError, match="cannot be combined with --num-shard 2"):
@@ -213,7 +240,7 @@ def test_refusals_before_loading():
 def test_embedding_dequantizes_only_the_looked_up_rows():
     from switchyard.core.layers import Embedding
 
-    table = random_blocks("q8_0", 50, 64)
+    table = weight_of("q8_0", 50, 64)
     embedding = Embedding(50, 64, dtype=torch.bfloat16)
     embedding.load("weight", table)
     assert embedding.quantized is table and embedding.weight.numel() == 0
@@ -223,7 +250,7 @@ def test_embedding_dequantizes_only_the_looked_up_rows():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["generate", "hi", "--quantize", "awq"], "does not support --quantize awq; it supports: int8, int4, gguf"),
+    (["generate", "hi", "--quantize", "nonsense"], "--quantize nonsense is not a quantization method; known: gguf"),
     (["serve", "--model-id", "llama-tiny", "--load-format", "dummy", "--quantize", "gguf", "--port", "1"],
      "--quantize gguf needs a GGUF model file"),
     (["generate", "hi", "--quantize", "int4", "--num-shard", "2"], "cannot be combined with --num-shard 2"),

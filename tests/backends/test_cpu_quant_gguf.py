@@ -53,7 +53,7 @@ def _prefill_logits(loaded) -> torch.Tensor:
 
 @pytest.mark.slow
 def test_packed_gguf_matches_the_dequantized_file():
-    packed, dense = _loaded("gguf"), _loaded(None)
+    packed, dense = _loaded("gguf"), _loaded("none")
     kinds = {type(m).__name__ for m in packed.model.modules()}
     assert "BlockLinear" in kinds and "Linear" not in kinds  # no float linear left
     assert packed.model.model.embed_tokens.quantized.format == "q8_0"
@@ -81,12 +81,26 @@ def test_packed_gguf_greedy_tokens_agree_with_the_dequantized_file():
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "List three colors:"]
     params = SamplingParams(temperature=0.0, max_tokens=32)
     tokens = {}
-    for quantize in ("gguf", None):
+    for quantize in ("gguf", "none"):
         with LLM(quantize=quantize, dtype="float32") as llm:
             tokens[quantize] = [result.token_ids for result in llm.generate(prompts, params)]
     common = total = 0
-    for packed, dense in zip(tokens["gguf"], tokens[None]):
+    for packed, dense in zip(tokens["gguf"], tokens["none"]):
         common += next((i for i, (a, b) in enumerate(zip(packed, dense)) if a != b), min(len(packed), len(dense)))
         total += len(dense)
     print(f"greedy: {common} of {total} tokens before the first difference")
     assert common >= MIN_COMMON_PREFIX[_batch_path()] * total
+
+
+def test_a_gguf_file_is_served_in_its_own_blocks_by_default():
+    """As llama.cpp and ollama serve one: no flag packs the file's blocks; --quantize none asks for
+    floats; tensor-parallel shards take floats (quantized weights are not split)."""
+    from switchyard.core.loader import served_quantization
+
+    assert served_quantization(ModelConfig())[0] == "gguf"
+    assert served_quantization(ModelConfig(quantize="none"))[0] is None
+    assert served_quantization(ModelConfig(quantize="int4"))[0] == "int4"
+    assert served_quantization(ModelConfig(), sharded=True)[0] is None
+    assert served_quantization(ModelConfig(model="llama-tiny", load_format="dummy"))[0] is None
+    loaded = load_model(ModelConfig(), CpuBackend(), block_size=16)
+    assert loaded.model.model.layers[0].mlp.down_proj.quantized.format == "q4_1"

@@ -1,22 +1,28 @@
 #pragma once
-// x @ W^T with W in ggml's block formats (q4_0, q4_1, q8_0), multiplied in integers without
-// dequantizing W, as llama.cpp's CPU backend does with its repacked ("interleaved") formats.
+// x @ W^T with W in ggml's block formats (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k),
+// multiplied in integers without dequantizing W, as llama.cpp's CPU backend does with its
+// repacked ("interleaved") formats.
 //
 // W is repacked once at load (backends/cpu/block_pack.py; the one description of the layout)
-// into tiles of 16 output rows. Tile t, block b (weights 32b..32b+31 of the tile's 16 rows) is
-// one record of 64 + P bytes:
-//   fp16 d[16], fp16 c[16]      every weight of row r in the block is w = d[r] * u + c[r]
-//   P payload bytes of u        u unsigned: 4 bits (P = 256) or 8 bits (P = 512)
-// q4_1 is u = q, c = m; q4_0 is u = q, c = -8d; q8_0 is u = q + 128, c = -128d: one kernel.
-// The payload is 8 chunks of 16 int32 lanes, lane r of chunk j holding row r's u for the 4
-// weights 4j..4j+3 of the block; 4-bit payloads keep chunks 2g (low nibbles) and 2g+1 (high
-// nibbles) in one 64-byte group g. A record's tiles follow each other: tile t is the bytes
-// [t * blocks * record, (t + 1) * blocks * record).
+// into tiles of 16 output rows, in one or more segments of consecutive output rows (a fused
+// q/k/v whose parts come in different formats is one segment per part). A segment has a
+// layout (bits, group): every weight is w = d * u + c with u unsigned of `bits` bits (4, 5, 6
+// or 8) and d, c per `group` weights (32, or 16 for q6_k). Tile t, block b (weights
+// 32b..32b+31 of the tile's 16 rows) is one record:
+//   header, per group g of the block (1 or 2): fp16 d[16], fp16 c[16]
+//   payload: 8 chunks of 16 four-byte lanes, lane r of chunk j holding row r's u for the 4
+//     weights 4j..4j+3 of the block. 8 bits: the 8 chunks, 512 bytes. 4-6 bits: the low
+//     nibbles, chunks 2q (low halves) and 2q+1 (high halves) sharing the 64 bytes of nibble
+//     group q (256 bytes), then one 64-byte plane per bit above 4: 8 bytes a chunk, bit 4r+i
+//     of chunk j's 64-bit word = that bit of lane r's byte i.
+// A segment's tiles follow each other: tile t is the bytes [t * blocks * record, (t + 1) *
+// blocks * record) from the segment's byte offset.
 //
 // x [M, K] (float32 or bfloat16) is first rounded per 32 values to int8 qa with scale
-// e = max|x| / 127 (llama.cpp's q8_0 activations), and s = e * sum(qa) per block. Then
-//   out[m, n] = sum_b  d e_b * sum_k(u qa)  +  c s_b
-// where sum_k(u qa) is 8 vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
+// e = max|x| / 127 (llama.cpp's q8_0 activations), with s = e * sum(qa) per block and per half
+// block. Then
+//   out[m, n] = sum_groups  d e * sum_k(u qa)  +  c s
+// where sum_k(u qa) is vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
 // activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
 // group of kRowsPerTile input rows. Work is split over tiles with at::parallel_for (built with
 // -fopenmp). With AVX2 (no AVX512-VNNI) each tile is two halves of 8 rows, each multiplied
@@ -50,44 +56,52 @@ namespace blocks {
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kTileRows = 16;
-constexpr int64_t kHeader = 64;
 constexpr int64_t kRowsPerTile = 4;  // input rows whose accumulators stay in registers
 
-constexpr int64_t record_bytes(int64_t bits) { return kHeader + (bits == 4 ? 256 : 512); }
+// Scale groups of a block (G) and the record's parts, for a layout (bits, group).
+constexpr int64_t groups_of(int64_t group) { return kBlock / group; }
+constexpr int64_t header_bytes(int64_t group) { return 64 * groups_of(group); }
+constexpr int64_t payload_bytes(int64_t bits) { return bits == 8 ? 512 : 256 + 64 * (bits - 4); }
+constexpr int64_t record_bytes(int64_t bits, int64_t group) { return header_bytes(group) + payload_bytes(bits); }
 
 inline float half_to_float(uint16_t bits) { return c10::detail::fp16_ieee_to_fp32_value(bits); }
 
-// The activations in blocks: qa int8 [M, K], e [M, K/32], s = e * sum(qa) [M, K/32].
+// The activations in blocks: qa int8 [M, K], e [M, K/32], s = e * sum(qa) [M, K/32] and per
+// half block [M, K/16].
 struct QuantizedInput {
   std::vector<int8_t> q;
   std::vector<float> scale;
   std::vector<float> scaled_sum;
+  std::vector<float> half_sum;
 };
 
 template <typename T>
-void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out) {
+void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out, float* half_out) {
   float x[kBlock];
   for (int64_t j = 0; j < kBlock; ++j) x[j] = static_cast<float>(v[j]);
   float amax = 0.0f;
   for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float e = amax / 127.0f;
   const float inverse = e > 0.0f ? 1.0f / e : 0.0f;
-  int32_t sum = 0;
+  int32_t sum[2] = {0, 0};
   for (int64_t j = 0; j < kBlock; ++j) {
     q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inverse));
-    sum += q[j];
+    sum[j / 16] += q[j];
   }
   *e_out = e;
-  *s_out = e * static_cast<float>(sum);
+  *s_out = e * static_cast<float>(sum[0] + sum[1]);
+  half_out[0] = e * static_cast<float>(sum[0]);
+  half_out[1] = e * static_cast<float>(sum[1]);
 }
 
 template <typename T>
 QuantizedInput quantize_input(const T* x, int64_t M, int64_t K) {
   const int64_t blocks = M * (K / kBlock);
-  QuantizedInput in{std::vector<int8_t>(M * K), std::vector<float>(blocks), std::vector<float>(blocks)};
+  QuantizedInput in{std::vector<int8_t>(M * K), std::vector<float>(blocks), std::vector<float>(blocks),
+                    std::vector<float>(2 * blocks)};
   at::parallel_for(0, blocks, 512, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)  // block i of the flattened [M, K] (K is a multiple of 32)
-      quantize_block(x + i * kBlock, in.q.data() + i * kBlock, &in.scale[i], &in.scaled_sum[i]);
+      quantize_block(x + i * kBlock, in.q.data() + i * kBlock, &in.scale[i], &in.scaled_sum[i], &in.half_sum[2 * i]);
   });
   return in;
 }
@@ -95,6 +109,25 @@ QuantizedInput quantize_input(const T* x, int64_t M, int64_t K) {
 template <typename T>
 inline void store_row(T* out, const float* values, int64_t count) {
   for (int64_t r = 0; r < count; ++r) out[r] = static_cast<T>(values[r]);
+}
+
+// u of row r, weight k (0..31) of one record's payload: the portable loop's and the
+// dequantization's reading of the layout.
+template <int64_t Bits>
+inline int32_t weight_u(const uint8_t* payload, int64_t r, int64_t k) {
+  const int64_t j = k / 4, i = k % 4;
+  if constexpr (Bits == 8) {
+    return payload[64 * j + 4 * r + i];
+  } else {
+    const uint8_t byte = payload[64 * (j / 2) + 4 * r + i];
+    int32_t u = j % 2 == 0 ? byte & 0x0F : byte >> 4;
+    for (int64_t p = 0; p < Bits - 4; ++p) {
+      uint64_t plane;
+      std::memcpy(&plane, payload + 256 + 64 * p + 8 * j, 8);
+      u |= static_cast<int32_t>((plane >> (4 * r + i)) & 1) << (4 + p);
+    }
+    return u;
+  }
 }
 
 #if defined(SY_BLOCK_VNNI) || defined(SY_BLOCK_AVX2)
@@ -105,9 +138,9 @@ inline void store_row(T* out, const float* values, int64_t count) {
 constexpr int64_t kPrefetchBytes = 2048;
 
 // The lines of the record kPrefetchBytes ahead of rec.
-template <int64_t Bits>
+template <int64_t Bits, int64_t Group>
 inline void prefetch_record(const uint8_t* rec) {
-  for (int64_t line = 0; line < record_bytes(Bits); line += 64) {
+  for (int64_t line = 0; line < record_bytes(Bits, Group); line += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
   }
 }
@@ -126,31 +159,44 @@ inline void unpack(const uint8_t* payload, __m512i w[8]) {
       w[2 * g] = _mm512_and_si512(v, low);
       w[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
+    for (int p = 0; p < Bits - 4; ++p) {  // the bit planes above the nibbles, as byte masks
+      const __m512i bit = _mm512_set1_epi8(static_cast<char>(0x10 << p));
+      uint64_t plane[8];
+      std::memcpy(plane, payload + 256 + 64 * p, 64);
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_or_si512(w[j], _mm512_maskz_mov_epi8(_cvtu64_mask64(plane[j]), bit));
+    }
   }
 }
 
 // One tile times R input rows from m0: the R accumulators (and the c terms, kept apart so that
 // each block adds to two independent chains) stay in registers, R a constant.
-template <int64_t Bits, int R, typename T>
+template <int64_t Bits, int64_t Group, int R, typename T>
 inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t m0, bool prefetch,
                       T* out, int64_t N, int64_t count) {
-  constexpr int64_t record = record_bytes(Bits);
+  constexpr int64_t record = record_bytes(Bits, Group), G = groups_of(Group), chunks = 8 / G;
   __m512 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps(), acc_c[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record;
-    if (prefetch) prefetch_record<Bits>(rec);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-    const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+    if (prefetch) prefetch_record<Bits, Group>(rec);
+    __m512 d[G], c[G];
+    for (int g = 0; g < G; ++g) {
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * g)));
+      c[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * g + 32)));
+    }
     __m512i w[8];
-    unpack<Bits>(rec + kHeader, w);
+    unpack<Bits>(rec + header_bytes(Group), w);
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
-      __m512i dot = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(in.scale[at])), acc[m]);
-      acc_c[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(in.scaled_sum[at]), acc_c[m]);
+      const __m512 e = _mm512_set1_ps(in.scale[at]);
+      for (int g = 0; g < G; ++g) {
+        __m512i dot = _mm512_setzero_si512();
+        for (int j = g * chunks; j < (g + 1) * chunks; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
+        const float s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[g], e), acc[m]);
+        acc_c[m] = _mm512_fmadd_ps(c[g], _mm512_set1_ps(s), acc_c[m]);
+      }
     }
   }
   for (int m = 0; m < R; ++m) {
@@ -160,35 +206,46 @@ inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blo
   }
 }
 
-template <int64_t Bits, typename T>
-void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
+// Tiles [t_begin, t_end) of one segment of `rows` output rows; out points at its first column.
+template <int64_t Bits, int64_t Group, typename T>
+void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits);
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
-    const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     T* o = out + t * kTileRows;
     for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
       const bool prefetch = m0 == 0;  // later groups find the tile in cache
       switch (std::min(kRowsPerTile, M - m0)) {
-        case 1: tile_rows<Bits, 1>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        case 2: tile_rows<Bits, 2>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        case 3: tile_rows<Bits, 3>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        default: tile_rows<Bits, 4>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 1: tile_rows<Bits, Group, 1>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 2: tile_rows<Bits, Group, 2>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 3: tile_rows<Bits, Group, 3>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        default: tile_rows<Bits, Group, 4>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
       }
     }
   }
 }
 #elif defined(SY_BLOCK_AVX2)
 // AVX2: a 256-bit register holds 8 rows' lanes, so a tile is two halves (rows 8h..8h+7: bytes
-// 32h..32h+31 of every 64-byte chunk or group, fp16 fields 8h..8h+7), multiplied one after the
-// other (a tile's records, at most a few KB, stay in L1 for the second half). vpmaddubsw takes
-// u8 weights times s8 activations into int16 pair sums:
-// - 4 bits: u <= 15 and |qa| <= 127, so even the 8 chunks' sum stays below 2^15: a block is
-//   8 vpmaddubsw, 7 int16 adds and one vpmaddwd to int32.
+// 32h..32h+31 of every 64-byte chunk or group, bits 32h..32h+31 of every plane word, fp16
+// fields 8h..8h+7), multiplied one after the other (a tile's records, at most a few KB, stay in
+// L1 for the second half). vpmaddubsw takes u8 weights times s8 activations into int16 pair
+// sums, widened to int32 (vpmaddwd) before they could saturate:
+// - 4 to 6 bits: u < 2^bits and |qa| <= 127, so a pair is at most 2 * 63 * 127 = 16002 and the
+//   int16 sum of 8 (4 bits), 4 (5 bits) or 2 (6 bits) chunks stays below 2^15.
 // - 8 bits: u up to 255 would saturate int16, so u is turned back into q = u - 128 (u ^ 0x80 as
 //   s8) and multiplied as |q| times qa with q's sign (llama.cpp's AVX2 q8_0 dot), each chunk
 //   widened to int32 at once. That sums q qa = u qa - 128 qa, so the block's c becomes c + 128 d.
+
+// 32 bits -> 32 bytes, `value` where the bit is set (ggml's bytes_from_bits_32).
+inline __m256i bits_to_bytes(uint32_t x, char value) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(x)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i all = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(all, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(value));
+}
 
 template <int64_t Bits>
 inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
@@ -203,58 +260,80 @@ inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
       w[2 * g] = _mm256_and_si256(v, low);
       w[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
+    for (int p = 0; p < Bits - 4; ++p) {
+      for (int j = 0; j < 8; ++j) {
+        uint32_t word;
+        std::memcpy(&word, payload + 256 + 64 * p + 8 * j + 4 * h, 4);
+        w[j] = _mm256_or_si256(w[j], bits_to_bytes(word, static_cast<char>(0x10 << p)));
+      }
+    }
   }
 }
 
-// The int32 dots of 8 rows' block (w) with one row's quantized block (a, 8 groups of 4 bytes).
-template <int64_t Bits>
-inline __m256i block_dot(const __m256i w[8], const int32_t* a) {
+// The int32 dots of 8 rows' block (w) with one row's quantized block (a, 8 groups of 4 bytes),
+// one per scale group (chunks 8g/G .. 8(g+1)/G - 1).
+template <int64_t Bits, int64_t G>
+inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (Bits == 4) {
-    __m256i sum = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(a[0]));
-    for (int j = 1; j < 8; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(a[j])));
-    return _mm256_madd_epi16(sum, ones);
-  } else {
-    __m256i sum = _mm256_setzero_si256();
+  constexpr int chunks = 8 / G;
+  for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
+  if constexpr (Bits == 8) {
     for (int j = 0; j < 8; ++j) {
       const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[j]), _mm256_sign_epi8(_mm256_set1_epi32(a[j]), w[j]));
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+      dots[j / chunks] = _mm256_add_epi32(dots[j / chunks], _mm256_madd_epi16(pairs, ones));
     }
-    return sum;
+  } else {
+    constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
+    for (int j0 = 0; j0 < 8; j0 += in_int16) {
+      __m256i sum = _mm256_maddubs_epi16(w[j0], _mm256_set1_epi32(a[j0]));
+      for (int j = j0 + 1; j < j0 + in_int16; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(a[j])));
+      dots[j0 / chunks] = _mm256_add_epi32(dots[j0 / chunks], _mm256_madd_epi16(sum, ones));
+    }
   }
 }
 
-// Half h of one record: its rows' d and c (c corrected by +128d for q8, see above), its weights
-// unpacked into w.
-template <int64_t Bits>
-inline void load_half(const uint8_t* rec, int64_t h, __m256& d, __m256& c, __m256i w[8]) {
-  d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-  c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
-  if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
-  unpack_half<Bits>(rec + kHeader, h, w);
+// Half h of one record: its rows' d and c per scale group (c corrected by +128d for q8, see
+// above), its weights unpacked into w.
+template <int64_t Bits, int64_t Group>
+inline void load_half(const uint8_t* rec, int64_t h, __m256 d[], __m256 c[], __m256i w[8]) {
+  for (int g = 0; g < groups_of(Group); ++g) {
+    d[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 16 * h)));
+    c[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 32 + 16 * h)));
+    if constexpr (Bits == 8) c[g] = _mm256_fmadd_ps(d[g], _mm256_set1_ps(128.0f), c[g]);
+  }
+  unpack_half<Bits>(rec + header_bytes(Group), h, w);
 }
 
+// acc += the block's products for one input row at block index `at` (its e, s, half sums).
+template <int64_t Bits, int64_t Group>
+inline void add_block(const QuantizedInput& in, int64_t at, const __m256 d[], const __m256 c[], const __m256i w[8],
+                      __m256& acc, __m256& acc_c) {
+  constexpr int64_t G = groups_of(Group);
+  __m256i dots[G];
+  block_dot<Bits, G>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock), dots);
+  const __m256 e = _mm256_set1_ps(in.scale[at]);
+  for (int g = 0; g < G; ++g) {
+    const float s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d[g], e), acc);
+    acc_c = _mm256_fmadd_ps(c[g], _mm256_set1_ps(s), acc_c);
+  }
+}
 
 // Half h of one tile times R input rows from m0: the R accumulators (and the c terms, kept apart
 // so that each block adds to two independent chains) stay in registers, R a constant.
-template <int64_t Bits, int R, typename T>
+template <int64_t Bits, int64_t Group, int R, typename T>
 inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
                       T* out, int64_t N, int64_t count) {
-  constexpr int64_t record = record_bytes(Bits);
+  constexpr int64_t record = record_bytes(Bits, Group);
   __m256 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_ps(), acc_c[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record;
-    if (prefetch) prefetch_record<Bits>(rec);
-    __m256 d, c;
+    if (prefetch) prefetch_record<Bits, Group>(rec);
+    __m256 d[groups_of(Group)], c[groups_of(Group)];
     __m256i w[8];
-    load_half<Bits>(rec, h, d, c, w);
-    for (int m = 0; m < R; ++m) {
-      const int64_t at = (m0 + m) * blocks + b;
-      const __m256i dot = block_dot<Bits>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(in.scale[at])), acc[m]);
-      acc_c[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(in.scaled_sum[at]), acc_c[m]);
-    }
+    load_half<Bits, Group>(rec, h, d, c, w);
+    for (int m = 0; m < R; ++m) add_block<Bits, Group>(in, (m0 + m) * blocks + b, d, c, w, acc[m], acc_c[m]);
   }
   for (int m = 0; m < R; ++m) {
     alignas(32) float values[8];
@@ -264,21 +343,18 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
 }
 
 // A whole tile (both halves in one pass over its records, each read once) times one input row.
-template <int64_t Bits, typename T>
+template <int64_t Bits, int64_t Group, typename T>
 inline void tile_one_row(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, T* out, int64_t rows_here) {
-  constexpr int64_t record = record_bytes(Bits);
+  constexpr int64_t record = record_bytes(Bits, Group);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc_c[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record;
-    prefetch_record<Bits>(rec);
-    const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + b * kBlock);
-    const __m256 e = _mm256_set1_ps(in.scale[b]), s = _mm256_set1_ps(in.scaled_sum[b]);
+    prefetch_record<Bits, Group>(rec);
     for (int h = 0; h < 2; ++h) {
-      __m256 d, c;
+      __m256 d[groups_of(Group)], c[groups_of(Group)];
       __m256i w[8];
-      load_half<Bits>(rec, h, d, c, w);
-      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<Bits>(w, a)), _mm256_mul_ps(d, e), acc[h]);
-      acc_c[h] = _mm256_fmadd_ps(c, s, acc_c[h]);
+      load_half<Bits, Group>(rec, h, d, c, w);
+      add_block<Bits, Group>(in, b, d, c, w, acc[h], acc_c[h]);
     }
   }
   alignas(32) float values[16];
@@ -287,15 +363,15 @@ inline void tile_one_row(const QuantizedInput& in, const uint8_t* tile, int64_t 
   store_row(out, values, rows_here);
 }
 
-template <int64_t Bits, typename T>
-void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
+template <int64_t Bits, int64_t Group, typename T>
+void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits);
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
-    const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     if (M == 1) {
-      tile_one_row<Bits>(in, tile, blocks, out + t * kTileRows, rows_here);
+      tile_one_row<Bits, Group>(in, tile, blocks, out + t * kTileRows, rows_here);
       continue;
     }
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
@@ -304,23 +380,23 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
       for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
         const bool prefetch = h == 0 && m0 == 0;
         switch (std::min(kRowsPerTile, M - m0)) {
-          case 1: tile_half<Bits, 1>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          case 2: tile_half<Bits, 2>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          case 3: tile_half<Bits, 3>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          default: tile_half<Bits, 4>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 1: tile_half<Bits, Group, 1>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 2: tile_half<Bits, Group, 2>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 3: tile_half<Bits, Group, 3>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          default: tile_half<Bits, Group, 4>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
         }
       }
     }
   }
 }
 #else
-template <int64_t Bits, typename T>
-void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K,
+template <int64_t Bits, int64_t Group, typename T>
+void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits);
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
-    const int64_t rows_here = std::min(kTileRows, N - t * kTileRows);
+    const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     for (int64_t m = 0; m < M; ++m) {
       float acc[kTileRows] = {};
       for (int64_t b = 0; b < blocks; ++b) {
@@ -328,24 +404,15 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
         const int64_t at = m * blocks + b;
         const int8_t* a = in.q.data() + at * kBlock;
         for (int64_t r = 0; r < kTileRows; ++r) {
-          uint16_t d_bits, c_bits;
-          std::memcpy(&d_bits, rec + 2 * r, 2);
-          std::memcpy(&c_bits, rec + 32 + 2 * r, 2);
-          int32_t dot = 0;
-          for (int64_t j = 0; j < 8; ++j) {
-            for (int64_t i = 0; i < 4; ++i) {
-              int32_t u;
-              if constexpr (Bits == 8) {
-                u = rec[kHeader + 64 * j + 4 * r + i];
-              } else {
-                const uint8_t byte = rec[kHeader + 64 * (j / 2) + 4 * r + i];
-                u = j % 2 == 0 ? byte & 0x0F : byte >> 4;
-              }
-              dot += u * a[4 * j + i];
-            }
+          for (int64_t g = 0; g < groups_of(Group); ++g) {
+            uint16_t d_bits, c_bits;
+            std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
+            std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
+            int32_t dot = 0;
+            for (int64_t k = g * Group; k < (g + 1) * Group; ++k) dot += weight_u<Bits>(rec + header_bytes(Group), r, k) * a[k];
+            const float s = Group == kBlock ? in.scaled_sum[at] : in.half_sum[2 * at + g];
+            acc[r] += half_to_float(d_bits) * in.scale[at] * static_cast<float>(dot) + half_to_float(c_bits) * s;
           }
-          acc[r] += half_to_float(d_bits) * in.scale[at] * static_cast<float>(dot)
-                    + half_to_float(c_bits) * in.scaled_sum[at];
         }
       }
       store_row(out + m * N + t * kTileRows, acc, rows_here);
@@ -354,33 +421,126 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 }
 #endif
 
-template <typename T>
-void run(const at::Tensor& x, const uint8_t* packed, at::Tensor& out, int64_t N, int64_t bits) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K);
-  T* op = out.data_ptr<T>();
-  const int64_t num_tiles = (N + kTileRows - 1) / kTileRows;
-  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
-    if (bits == 4) tiles<4>(in, packed, op, M, N, K, begin, end);
-    else tiles<8>(in, packed, op, M, N, K, begin, end);
+// One segment of a packed weight: `rows` output rows from `row0`, layout (bits, group), its
+// tiles from byte `offset`.
+struct Segment {
+  int64_t row0, rows, bits, group, offset, tiles;
+};
+
+// The segments table from Python: int64 [S, 4] rows (rows, bits, group, byte offset); checks
+// that every layout is one the kernel has and that the table covers out_features rows and the
+// packed bytes.
+inline std::vector<Segment> read_segments(const at::Tensor& table, int64_t K, int64_t out_features, int64_t packed_bytes) {
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(1) == 4 && table.is_contiguous(),
+              "block_mm: segments must be contiguous int64 [S, 4] (rows, bits, group, offset)");
+  std::vector<Segment> segments;
+  const int64_t* t = table.data_ptr<int64_t>();
+  int64_t row0 = 0, end = 0;
+  for (int64_t i = 0; i < table.size(0); ++i) {
+    Segment s{row0, t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3], (t[4 * i] + kTileRows - 1) / kTileRows};
+    const bool known = (s.group == 32 && (s.bits == 4 || s.bits == 5 || s.bits == 8)) || (s.group == 16 && s.bits == 6);
+    TORCH_CHECK(known, "block_mm: no kernel for ", s.bits, "-bit weights in groups of ", s.group);
+    TORCH_CHECK(s.rows > 0 && s.offset >= end, "block_mm: segment ", i, " overlaps the one before it");
+    end = s.offset + s.tiles * (K / kBlock) * record_bytes(s.bits, s.group);
+    row0 += s.rows;
+    segments.push_back(s);
+  }
+  TORCH_CHECK(row0 == out_features && end <= packed_bytes,
+              "block_mm: the segments do not match out_features or the packed weight's size");
+  return segments;
+}
+
+// The kernel of one layout, called on a contiguous range of one segment's tiles.
+template <typename Fn>
+inline void dispatch_layout(const Segment& s, Fn&& fn) {
+  if (s.group == 16) fn(std::integral_constant<int64_t, 6>(), std::integral_constant<int64_t, 16>());
+  else if (s.bits == 4) fn(std::integral_constant<int64_t, 4>(), std::integral_constant<int64_t, 32>());
+  else if (s.bits == 5) fn(std::integral_constant<int64_t, 5>(), std::integral_constant<int64_t, 32>());
+  else fn(std::integral_constant<int64_t, 8>(), std::integral_constant<int64_t, 32>());
+}
+
+// Runs fn(segment, first tile, end tile) over every segment's tiles, split over threads by tile.
+template <typename Fn>
+inline void for_tiles(const std::vector<Segment>& segments, Fn&& fn) {
+  int64_t total = 0;
+  for (const Segment& s : segments) total += s.tiles;
+  at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;
+    for (const Segment& s : segments) {
+      const int64_t lo = std::max(begin, first), hi = std::min(end, first + s.tiles);
+      if (lo < hi) fn(s, lo - first, hi - first);
+      first += s.tiles;
+    }
   });
 }
 
-at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 8, "block_mm: bits must be 4 or 8");
+template <typename T>
+void run(const at::Tensor& x, const uint8_t* packed, const std::vector<Segment>& segments, at::Tensor& out, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K);
+  T* op = out.data_ptr<T>();
+  for_tiles(segments, [&](const Segment& s, int64_t begin, int64_t end) {
+    dispatch_layout(s, [&](auto bits, auto group) {
+      tiles<decltype(bits)::value, decltype(group)::value>(in, packed + s.offset, op + s.row0, M, N, K, s.rows, begin, end);
+    });
+  });
+}
+
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& segments, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "block_mm: x must be float32 or bfloat16 [M, K]");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "block_mm: packed must be contiguous uint8 [tiles, K/32 * record bytes]");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "block_mm: packed must be contiguous uint8");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  TORCH_CHECK(K % kBlock == 0 && packed.size(0) == (N + kTileRows - 1) / kTileRows &&
-              packed.size(1) == K / kBlock * record_bytes(bits),
-              "block_mm: packed weight does not match x's width or out_features");
+  TORCH_CHECK(K % kBlock == 0, "block_mm: x's width must be a multiple of 32");
+  const std::vector<Segment> parts = read_segments(segments, K, N, packed.numel());
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
-  if (x.scalar_type() == at::kFloat) run<float>(xc, packed.data_ptr<uint8_t>(), out, N, bits);
-  else run<c10::BFloat16>(xc, packed.data_ptr<uint8_t>(), out, N, bits);
+  if (x.scalar_type() == at::kFloat) run<float>(xc, packed.data_ptr<uint8_t>(), parts, out, N);
+  else run<c10::BFloat16>(xc, packed.data_ptr<uint8_t>(), parts, out, N);
+  return out;
+}
+
+// Tiles [begin, end) of one segment as floats: out rows of K values (w = d u + c).
+template <int64_t Bits, int64_t Group, typename T>
+void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, int64_t begin, int64_t end) {
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* rec = packed + (t * blocks + b) * record;
+      for (int64_t r = 0; r < rows_here; ++r) {
+        T* o = out + (t * kTileRows + r) * K + b * kBlock;
+        for (int64_t g = 0; g < groups_of(Group); ++g) {
+          uint16_t d_bits, c_bits;
+          std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
+          std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
+          const float d = half_to_float(d_bits), c = half_to_float(c_bits);
+          for (int64_t k = g * Group; k < (g + 1) * Group; ++k)
+            o[k] = static_cast<T>(d * static_cast<float>(weight_u<Bits>(rec + header_bytes(Group), r, k)) + c);
+        }
+      }
+    }
+  }
+}
+
+// The float weight [out_features, K] the packed tiles encode, in float32 or bfloat16 (for a
+// big batch's one GEMM: the caller drops it after the call).
+at::Tensor block_dequantize(const at::Tensor& packed, const at::Tensor& segments, int64_t out_features, int64_t K,
+                            at::ScalarType dtype) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "block_dequantize: packed must be contiguous uint8");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "block_dequantize: float32 or bfloat16");
+  TORCH_CHECK(K % kBlock == 0, "block_dequantize: in_features must be a multiple of 32");
+  const std::vector<Segment> parts = read_segments(segments, K, out_features, packed.numel());
+  at::Tensor out = at::empty({out_features, K}, packed.options().dtype(dtype));
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  for_tiles(parts, [&](const Segment& s, int64_t begin, int64_t end) {
+    dispatch_layout(s, [&](auto bits, auto group) {
+      constexpr int64_t B = decltype(bits)::value, G = decltype(group)::value;
+      if (dtype == at::kFloat) dequantize_tiles<B, G>(p + s.offset, out.data_ptr<float>() + s.row0 * K, K, s.rows, begin, end);
+      else dequantize_tiles<B, G>(p + s.offset, out.data_ptr<c10::BFloat16>() + s.row0 * K, K, s.rows, begin, end);
+    });
+  });
   return out;
 }
 
@@ -398,4 +558,3 @@ std::string block_mm_isa() {
 
 }  // namespace blocks
 }  // namespace
-

@@ -20,7 +20,8 @@
 //   0 dense: at::linear (or matrix-vector for one row, as core/layers/linear.py decides)
 //   1 onednn: a weight packed by oneDNN (linear.py), mkldnn::_linear_pointwise (in float32 for a
 //     bf16 weight where oneDNN packs no bf16)
-//   2 blocks: q4_0/q4_1/q8_0 tiles (block_matmul.h), with a oneDNN bf16 copy for big batches
+//   2 blocks: ggml block-format tiles in segments (block_matmul.h); batches over batch_rows
+//     rows dequantize the tiles for the call (in bf16 where `mode` is 1, else float32)
 //   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
 //   5 rows: a bf16 weight in the row kernel's tiles (row_matmul.h) up to batch_rows rows, and
 //     as its float32 oneDNN packing beyond (linear.py, CPUs without bf16 packing)
@@ -55,9 +56,10 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const st
 }
 
 struct Linear {
-  int64_t kind = kDense, out_features = 0, bits = 0, batch_rows = -1;
+  int64_t kind = kDense, out_features = 0, mode = 0, batch_rows = -1;  // mode: blocks' batch dtype
   bool single_row_matvec = false;
-  // dense/onednn/blocks/rows: weight; int8: qweight + scales; int4: packed + scales_and_zeros
+  // dense/onednn/rows: weight; blocks: packed + segments; int8: qweight + scales; int4: packed +
+  // scales_and_zeros
   at::Tensor weight, aux;
   // batch: for rows > batch_rows, the oneDNN packing for batches (onednn, rows: float32) or the
   // oneDNN-packed bf16 copy of a quantized weight
@@ -79,10 +81,14 @@ struct Linear {
       return onednn_linear(x.to(packed.scalar_type()), packed, bias).to(x.scalar_type());
     }
     at::Tensor out;
-    if (batch && x.size(0) > batch_rows) {
+    if (kind == kBlocks && batch_rows >= 0 && x.size(0) > batch_rows) {
+      const at::ScalarType dtype = mode == 1 ? at::kBFloat16 : at::kFloat;
+      const at::Tensor w = blocks::block_dequantize(weight, aux, out_features, x.size(1), dtype);
+      out = at::linear(x.to(dtype), w).to(x.scalar_type());
+    } else if (batch && x.size(0) > batch_rows) {
       out = onednn_linear(x.to(at::kBFloat16), *batch, std::nullopt).to(x.scalar_type());
     } else if (kind == kBlocks) {
-      out = blocks::block_mm(x, weight, out_features, bits);
+      out = blocks::block_mm(x, weight, aux, out_features);
     } else if (kind == kInt8) {
       out = at::_weight_int8pack_mm(x.to(at::kBFloat16), weight, aux).to(x.scalar_type());
     } else {
@@ -101,11 +107,11 @@ std::optional<at::Tensor> present(const at::Tensor& x) {
 }
 
 // A linear from Python: tensors [weight, aux, bias, batch] (an empty tensor where absent),
-// ints [kind, out_features, bits, batch_rows, single_row_matvec].
+// ints [kind, out_features, mode, batch_rows, single_row_matvec].
 Linear make_linear(const std::vector<at::Tensor>& t, const std::vector<int64_t>& i) {
   TORCH_CHECK(t.size() == 4 && i.size() == 5, "decode_layers: a linear is 4 tensors and 5 ints");
   Linear l;
-  l.kind = i[0], l.out_features = i[1], l.bits = i[2], l.batch_rows = i[3], l.single_row_matvec = i[4] != 0;
+  l.kind = i[0], l.out_features = i[1], l.mode = i[2], l.batch_rows = i[3], l.single_row_matvec = i[4] != 0;
   l.weight = t[0], l.aux = t[1], l.bias = present(t[2]), l.batch = present(t[3]);
   return l;
 }
