@@ -42,6 +42,10 @@ def _cmd_backends(args: argparse.Namespace) -> int:
             print(f"{'':<9}dtype auto = {caps.preferred_dtype} (of {', '.join(caps.dtypes)})")
             if caps.runtime:
                 print(f"{'':<9}runtime (serve --runtime tuned): {caps.runtime}")
+    from switchyard.core.quant.methods import table
+
+    print("quantization methods (--quantize NAME; a checkpoint's own is detected from its quantization_config):")
+    print("\n".join(f"  {line}" for line in table().splitlines()))
     return 0
 
 

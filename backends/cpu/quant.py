@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from switchyard.core.layers import Linear
+from switchyard.core.layers.linear import float_weight
 from switchyard.core.quant import BLOCK, BLOCK_BYTES, BLOCK_WEIGHTS, QuantizedWeight
 from switchyard.core.quant.parts import QuantizedParts
 
@@ -140,7 +141,7 @@ class BlockLinear(QuantizedLinear):
     def __init__(self, weight: QuantizedWeight | QuantizedParts, ops, bias: torch.Tensor | None = None,
                  batch_rows: int | None = None, batch_dtype: torch.dtype = torch.float32):
         super().__init__(weight, bias, batch_rows, keep_batch_copy=False)
-        packed = pack_blocks(weight.parts if isinstance(weight, QuantizedParts) else weight)
+        packed = pack_blocks(weight.parts if isinstance(weight, QuantizedParts) else weight, ops)
         self.register_buffer("packed", packed.data, persistent=False)
         self.register_buffer("segments", packed.segments, persistent=False)
         self.batch_dtype = batch_dtype
@@ -188,6 +189,8 @@ def kernel_module(weight: QuantizedWeight | QuantizedParts, bias: torch.Tensor |
         return Int4Linear(weight, bias, batch_rows)
     if weight.format == "int8":
         return Int8Linear(weight, bias, batch_rows)
+    if weight.format in SCALED_KERNELS:
+        return scaled_kernel(weight, bias, batch_rows)
     return None
 
 
@@ -208,7 +211,7 @@ def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: 
         weight, bias = module.quantized, None if module.bias is None else module.bias.detach()
         kernel = kernel_module(weight, bias, block_ops, batch_rows)
         if kernel is None:
-            module.weight = nn.Parameter(weight.dequantize(module.weight.dtype), requires_grad=False)
+            module.weight = nn.Parameter(float_weight(weight, module.weight.dtype), requires_grad=False)
             module.quantized = None
             if weight.format not in dequantized:
                 reason = blocks.reason if blocks is not None and blocks.reason else "no CPU kernel"
@@ -218,3 +221,16 @@ def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: 
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, kernel)
     return len(targets) - sum(1 for _, m in targets if m.quantized is None)
+
+
+# core/quant/scaled.py's formats: their kernel modules' files (bnb_linear.py: bitsandbytes' own ops;
+# fp8_linear.py: csrc/fp8_matmul.cpp), imported on first use; each factory may return None.
+SCALED_KERNELS = {"bnb_nf4": "bnb_linear:bnb_kernel", "bnb_fp4": "bnb_linear:bnb_kernel",
+                  "bnb_int8": "bnb_linear:bnb_kernel", "fp8_e4m3": "fp8_linear:fp8_kernel"}
+
+
+def scaled_kernel(weight: QuantizedWeight, bias: torch.Tensor | None, batch_rows: int | None) -> nn.Module | None:
+    import importlib
+
+    module, factory = SCALED_KERNELS[weight.format].split(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), factory)(weight, bias, batch_rows)

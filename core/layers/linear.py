@@ -16,7 +16,7 @@ Quantized weights are whole: tensor parallelism refuses --quantize (core/capabil
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 import torch
@@ -164,10 +164,10 @@ def _whole_quantized(weight: QuantizedWeight, *slices: Slice | None) -> Quantize
     return weight
 
 
-def float_weight(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+def float_weight(weight: QuantizedWeight | QuantizedParts, dtype: torch.dtype) -> torch.Tensor:
     """The float weight in the checkpoint's column order (an act-order weight's columns put back)."""
-    dense = weight.dequantize(dtype)
-    return dense if weight.input_order is None else torch.empty_like(dense).index_copy_(1, weight.input_order, dense)
+    dense, order = weight.dequantize(dtype), getattr(weight, "input_order", None)
+    return dense if order is None else torch.empty_like(dense).index_copy_(1, order, dense)
 
 
 def read_whole(tensor: CheckpointTensor) -> torch.Tensor:
@@ -264,8 +264,8 @@ class Embedding(nn.Module):
     def load(self, param_name: str, tensor: CheckpointTensor) -> bool:
         if param_name != "weight":
             raise ValueError(f"checkpoint has an embedding {param_name}")
-        if isinstance(tensor, QuantizedWeight):
-            self.quantized = _whole_quantized(tensor, self.rows)
+        if isinstance(tensor, QuantizedWeight):  # its own copy: a loader may hand a view of a mapped file
+            self.quantized = replace(_whole_quantized(tensor, self.rows), data=tensor.data.clone())
             self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
             return True
         tensor = read_whole(tensor) if self.rows is None else read_slice(tensor, 0, self.rows)

@@ -21,7 +21,7 @@ from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
 from ..quant.apply import QUANTIZE_AT_LOAD, QuantizeError, quantize_model
 from ..quant.methods import detect, served_method
-from ..quant.hub import HubQuantizedWeights
+from ..quant.hub import weights_reader
 from .gguf_packed import GGUFPackedWeights
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
@@ -171,8 +171,8 @@ def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy
     elif source.kind == "gguf":
         weights: Iterable = GGUFWeights(source.path, hf_config)
         total = len(weights)
-    elif HubQuantizedWeights.reads(getattr(hf_config, "quantization_config", None)):  # GPTQ, AWQ, ... (core/quant/hub)
-        weights = HubQuantizedWeights(safetensors_files(source.path), hf_config.quantization_config)
+    elif (reader := weights_reader(getattr(hf_config, "quantization_config", None))) is not None:  # core/quant/hub
+        weights = reader(safetensors_files(source.path), hf_config.quantization_config)
         total = len(weights)
     else:
         files = safetensors_files(source.path)

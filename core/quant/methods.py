@@ -39,6 +39,9 @@ class QuantMethod:
     backends: tuple[str, ...] = ()  # backend names that serve it; empty: refused everywhere
     config_methods: tuple[str, ...] = ()  # quantization_config["quant_method"] values that mean it
     refusal: str | None = None  # why it is not served (where `backends` is empty or lacks one)
+    # what this name stands for here: the checkpoint methods it accepts (TGI's marlin: gptq, awq), or
+    # the at-load method that makes it (TGI's eetq: int8)
+    alias_of: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -76,13 +79,73 @@ def detect(quantization_config: Mapping[str, Any] | None) -> QuantMethod | None:
     checkpoint. A quant_method no entry claims is refused with one line."""
     if not quantization_config:
         return None
-    quant_method = str(quantization_config.get("quant_method", "")).lower()
+    quant_method = config_method(quantization_config)
     for method in METHODS.values():
         if quant_method in method.config_methods:
             return method
     known = sorted(m for method in METHODS.values() for m in method.config_methods)
     raise QuantizeError(f"checkpoint quantization {quant_method or '(no quant_method)'!r} is not supported; "
                         f"supported checkpoint quantizations: {', '.join(known) or '(none)'}")
+
+
+def config_method(quantization_config: Mapping[str, Any]) -> str:
+    """What config_methods match: quant_method, refined where one covers several methods here:
+    bitsandbytes' 4-bit checkpoints by bnb_4bit_quant_type ("bitsandbytes-nf4" / "bitsandbytes-fp4";
+    load_in_8bit stays "bitsandbytes"), and compressed-tensors whose every scheme has float8
+    weights ("compressed-tensors-fp8", served by fp8)."""
+    quant_method = str(quantization_config.get("quant_method", "")).lower()
+    if quant_method == "bitsandbytes" and quantization_config.get("load_in_4bit"):
+        return "bitsandbytes-" + str(quantization_config.get("bnb_4bit_quant_type") or "fp4").lower()
+    groups = quantization_config.get("config_groups") or {}
+    if quant_method == "compressed-tensors" and groups and all(
+            (scheme.get("weights") or {}).get("type") == "float" and (scheme.get("weights") or {}).get("num_bits") == 8
+            for scheme in groups.values()):
+        return "compressed-tensors-fp8"
+    return quant_method
+
+
+NONE = "none"  # --quantize none: a GGUF file's weights dequantized into --dtype (no method)
+
+
+def served_method(requested: str | None, gguf_file: str | None, quantization_config: Mapping[str, Any] | None,
+                  sharded: bool = False, backend_methods: tuple[str, ...] = ()) -> tuple[str | None, str]:
+    """The one decision of which method the weights are served in, and why (for the start log):
+    - a GGUF file: its own blocks ("gguf"), as llama.cpp and ollama serve it, unless --quantize
+      asks another (int8 / int4 requantize the dequantized weights; "none": floats in --dtype).
+      Tensor-parallel shards, and a backend that does not serve "gguf" (`backend_methods`: its
+      Capabilities.quantizations), take floats: quantized weights are not split.
+    - a pre-quantized checkpoint: the method its quantization_config names; a --quantize naming
+      another is refused.
+    - a float checkpoint: what --quantize asks (None: the checkpoint's dtype).
+    Floats from a GGUF come back as "none", not None, so that deciding again gives the same answer."""
+    method = lookup(requested) if requested is not None and requested != NONE else None
+    checkpoint = detect(quantization_config) if gguf_file is None else None
+    if method is not None and method.source == "gguf" and gguf_file is None:
+        raise QuantizeError(f"--quantize {requested} needs a GGUF model file; this model has no GGUF weights "
+                            "(use --quantize int8 or int4 to quantize a float checkpoint)")
+    if method is not None and method.source == "checkpoint" and checkpoint is None:
+        raise QuantizeError(f"--quantize {requested} needs a checkpoint quantized with {requested} (its config.json's "
+                            "quantization_config); use --quantize int8 or int4 to quantize a float checkpoint")
+    if checkpoint is not None:
+        from .hub import check_config  # refuses a variant no reader serves (one line), before any weight is read
+
+        check_config(checkpoint.name, quantization_config)
+        if requested not in (None, checkpoint.name) and (method is None or checkpoint.name not in method.alias_of):
+            raise QuantizeError(f"--quantize {requested}: the checkpoint is quantized with {checkpoint.name} "
+                                f"(its quantization_config); serve it without --quantize or with --quantize "
+                                f"{checkpoint.name}")
+        return checkpoint.name, f"the checkpoint's quantization_config ({checkpoint.summary})"
+    if gguf_file is not None and requested is None:
+        if sharded:
+            return NONE, "the GGUF file dequantized: tensor-parallel shards do not split quantized weights"
+        if "gguf" not in backend_methods:
+            return NONE, "the GGUF file dequantized: the backend does not multiply GGUF blocks"
+        return "gguf", "the GGUF file's own blocks (--quantize none dequantizes, int8/int4 requantize)"
+    if requested == NONE:
+        return NONE, "dequantized into --dtype (--quantize none)"
+    if method is not None and method.alias_of:
+        return method.alias_of[0], f"--quantize {requested}: {method.summary}"
+    return requested, "--quantize" if requested is not None else "the checkpoint's float weights"
 
 
 def table() -> str:
@@ -98,3 +161,46 @@ register(QuantMethod("int8", "at-load", "symmetric per-output-channel int8 weigh
                      formats=("int8",), backends=("cpu",)))
 register(QuantMethod("int4", "at-load", "asymmetric int4 weights in groups of 32 (q4_1 blocks; the output head "
                      "int8), made at load", formats=("q4_1", "int8"), backends=("cpu",)))
+
+# Pre-quantized Hub checkpoints, converted at load into block formats (core/quant/hub).
+register(QuantMethod("gptq", "checkpoint", "GPTQ 4-bit (groups of 32/64/128 or per channel, act-order, "
+                     "asymmetric) and 8-bit symmetric checkpoints, repacked at load into q4_0/q4_1/q8_0/int8",
+                     formats=("q4_0", "q4_1", "q8_0", "int8"), checkpoint_keys=("qweight", "qzeros", "scales", "g_idx"),
+                     backends=("cpu",), config_methods=("gptq",)))
+register(QuantMethod("awq", "checkpoint", "AWQ 4-bit checkpoints in AutoAWQ's GEMM layout, repacked at load into q4_1",
+                     formats=("q4_1",), checkpoint_keys=("qweight", "qzeros", "scales"), backends=("cpu",),
+                     config_methods=("awq",)))
+register(QuantMethod("marlin", "checkpoint", "TGI's name for GPTQ/AWQ checkpoints on the Marlin GPU kernel: a plain "
+                     "GPTQ or AWQ checkpoint is served as gptq / awq; a Marlin-format checkpoint is refused",
+                     backends=("cpu",), config_methods=("marlin",), alias_of=("gptq", "awq")))
+register(QuantMethod("compressed-tensors", "checkpoint", "llm-compressor's weight-only int schemes (W4A16, "
+                     "W4A16_ASYM, W8A16; pack-quantized or naive-quantized), repacked at load into q4_0/q4_1/q8_0/int8",
+                     formats=("q4_0", "q4_1", "q8_0", "int8"),
+                     checkpoint_keys=("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"),
+                     backends=("cpu",), config_methods=("compressed-tensors",)))
+register(QuantMethod("eetq", "at-load", "TGI's on-the-fly int8 weight-only quantization; served as --quantize int8",
+                     formats=("int8",), backends=("cpu",), alias_of=("int8",)))
+
+# bitsandbytes and float8 (core/quant/scaled.py; checkpoints read by core/quant/hub/bnb.py and fp8.py).
+# Made at load from a float checkpoint, as TGI's --quantize does, or read from a pre-quantized one.
+_BNB_4BIT = ("weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax", "weight.nested_quant_map",
+             "weight.quant_state.bitsandbytes__*")
+register(QuantMethod("bitsandbytes", "at-load", "LLM.int8: int8 rows with an absmax each, multiplied by bitsandbytes' "
+                     "own int8 ops (activations rounded to int8 per row, input columns with a value over 6.0 kept "
+                     "in floats); made at load by bitsandbytes, or read from a load_in_8bit checkpoint",
+                     formats=("bnb_int8",), checkpoint_keys=("weight", "SCB"), backends=("cpu",),
+                     config_methods=("bitsandbytes",)))
+register(QuantMethod("bitsandbytes-nf4", "at-load", "bitsandbytes NF4: 4-bit normal-float codes with an absmax per "
+                     "64 weights, multiplied by bitsandbytes' own 4-bit ops (its CPU kernel, bf16 activations, "
+                     "over the weight as it repacks it; batches over 8 rows dequantized per call); made at load "
+                     "by bitsandbytes, or read from a load_in_4bit checkpoint", formats=("bnb_nf4",), checkpoint_keys=_BNB_4BIT,
+                     backends=("cpu",), config_methods=("bitsandbytes-nf4",)))
+register(QuantMethod("bitsandbytes-fp4", "at-load", "bitsandbytes FP4: as bitsandbytes-nf4 with 4-bit float (e2m1) "
+                     "codes", formats=("bnb_fp4",), checkpoint_keys=_BNB_4BIT, backends=("cpu",),
+                     config_methods=("bitsandbytes-fp4",)))
+register(QuantMethod("fp8", "at-load", "float8 e4m3 weights (weight-only: activations stay in --dtype, a checkpoint's "
+                     "input scales unused), scaled per tensor, per channel or per 128x128 block (compressed-tensors "
+                     "FP8, DeepSeek-V3 / Qwen3 FP8), 1 byte a weight, each block dequantized inside the CPU kernel; "
+                     "made at load per channel, or read from an FP8 checkpoint", formats=("fp8_e4m3",),
+                     checkpoint_keys=("weight", "weight_scale", "weight_scale_inv"), backends=("cpu",),
+                     config_methods=("fp8", "compressed-tensors-fp8")))

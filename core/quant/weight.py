@@ -27,7 +27,7 @@ from .scaled import SCALED_FORMATS, check_scaled, dequantize_scaled
 BLOCK = 32  # weights per q4_0/q4_1/q5_0/q5_1/q8_0 block (and the int4 group size)
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 BLOCK_WEIGHTS = {"q4_0": 32, "q4_1": 32, "q8_0": 32, "q5_0": 32, "q5_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
-FORMATS = (*BLOCK_BYTES, "int8", *SCALED_FORMATS)
+FORMATS = (*BLOCK_BYTES, *SCALED_FORMATS, "int8")
 # (group, bits) of each block format's affine form (AffineBlocks).
 _GROUP_BITS = {"q4_0": (32, 4), "q4_1": (32, 4), "q8_0": (32, 8), "q5_0": (32, 5), "q5_1": (32, 5),
                "q4_k": (32, 4), "q5_k": (32, 5), "q6_k": (16, 6)}
