@@ -3,7 +3,7 @@
     python benchmarks/cpu_quant.py [--concurrency 1 32] [--rounds 3] [--profile] [--dtype D]
 
 One EngineCore per weight format (--quantize gguf: the file's own Q4_1/Q8_0 blocks; int4 /
-int8: made at load from the file's dequantized weights; none: oneDNN-packed float), all in
+int8: made at load from the file's dequantized weights; none: the file dequantized, oneDNN-packed), all in
 --dtype (default auto: what `switchyard serve` picks here, bf16 on AVX512-BF16/AMX CPUs,
 float32 elsewhere). For each concurrency the formats alternate round by round (gguf, int4, int8, float,
 gguf, ...) so a noisy neighbour disturbs them alike; a figure is the median decode-only step
@@ -11,9 +11,11 @@ of a round (benchmarks/cpu_decode_step.py), and the best round is kept. Ratios a
 the float weights. --profile: torch.profiler's top ops of decode steps at concurrency 1 with gguf.
 --forward: instead of engine steps, the model's forward + logits of one decode step alone
 (no scheduler or sampling; min over rounds of the mean of 5 calls), steadier on a busy machine.
---kernels: no model; every linear of the default model's 30 layers once, in Q4_1 (random valid
-blocks), through the block kernel and torch's int4 kernel, against the same shapes in bf16
-packed by oneDNN, for each --concurrency as the number of rows (best of 10 passes).
+--kernels: no model; every linear of --shape's layers once (the default model's 30, or
+SmolLM2-1.7B's 24), in --format (random valid blocks), through the block kernel (and torch's
+int4 kernel for q4_0/q4_1, the tiles dequantized for each call and multiplied by oneDNN (the
+batch path), and the same shapes in bf16 packed by oneDNN for the default model's), for each --concurrency as the number of rows (best of 10 passes), with the block
+kernel's rate of reading the weights.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from switchyard.core.engine import EngineCore
 from switchyard.core.params import SamplingParams
 from switchyard.core.request import Request
 
-FORMATS = ("gguf", "int4", "int8", None)
+FORMATS = ("gguf", "int4", "int8", "none")  # none: the GGUF dequantized, oneDNN-packed float
 
 
 def engine(quantize: str | None, concurrency: int, dtype: str) -> EngineCore:
@@ -57,30 +59,33 @@ def forward_ms(core: EngineCore, concurrency: int, context: int, reps: int = 5) 
     return (time.perf_counter() - start) / reps * 1e3
 
 
-def kernel_ms(rows_list: list[int]) -> None:
+SHAPES = {"smollm2-135m": ((960, 576), (576, 576), (3072, 576), (576, 1536), 30),
+          "smollm2-1.7b": ((6144, 2048), (2048, 2048), (16384, 2048), (2048, 8192), 24)}
+
+
+def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135m") -> None:
     """Prints the --kernels table (see the module docstring)."""
-    from switchyard.backends.cpu.linear import PackedLinear
+    from switchyard.backends.cpu.linear import PackedLinear, packable_dtypes
     from switchyard.backends.cpu.quant import BlockLinear, Int4Linear, load_block_kernel
     from switchyard.core.loader.gguf_cache import default_cache_root
-    from switchyard.core.quant import QuantizedWeight
+    from switchyard.core.quant import BLOCK_WEIGHTS
+    from switchyard.core.testing.quant_blocks import random_blocks
 
     ops = load_block_kernel(default_cache_root()).ops
-    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
-    gen = torch.Generator().manual_seed(0)
-
-    def q4_1(out: int, inp: int) -> QuantizedWeight:
-        data = torch.randint(0, 256, (out, inp // 32, 20), dtype=torch.uint8, generator=gen)
-        scales = (torch.rand(out, inp // 32, 2, generator=gen) * 0.02 - 0.005).half()
-        data[..., :4] = scales.view(torch.uint8).reshape(out, inp // 32, 4)
-        return QuantizedWeight("q4_1", (out, inp), data.reshape(out, -1).contiguous())
-
-    weights = [[q4_1(*shape) for shape in shapes] for _ in range(30)]
+    *shapes, layers = SHAPES[shape]
+    weights = [[random_blocks(fmt, out, inp // BLOCK_WEIGHTS[fmt], seed, (1e-4, 1e-3)) for out, inp in shapes]
+               for seed in range(layers)]
+    nbytes = sum(w.nbytes for layer in weights for w in layer)
     with torch.inference_mode():
+        batch_dtype = torch.bfloat16 if torch.bfloat16 in packable_dtypes() else torch.float32
         kinds = {"block": [BlockLinear(w, ops) for layer in weights for w in layer],
-                 "torch int4": [Int4Linear(w) for layer in weights for w in layer],
-                 "bf16 oneDNN": [PackedLinear(w.dequantize(torch.bfloat16), None) for layer in weights for w in layer]}
+                 "dequantized per call": [BlockLinear(w, ops, None, 0, batch_dtype) for layer in weights for w in layer]}
+        if fmt in ("q4_0", "q4_1"):
+            kinds["torch int4"] = [Int4Linear(w) for layer in weights for w in layer]
+        if shape == "smollm2-135m":
+            kinds["bf16 oneDNN"] = [PackedLinear(w.dequantize(torch.bfloat16), None) for layer in weights for w in layer]
         for rows in rows_list:
-            inputs = {k: torch.randn(rows, k).to(torch.bfloat16) for k in (576, 1536)}
+            inputs = {k: torch.randn(rows, k).to(torch.bfloat16) for _, k in shapes}
             figures = []
             for name, modules in kinds.items():
                 best = float("inf")
@@ -89,8 +94,9 @@ def kernel_ms(rows_list: list[int]) -> None:
                     for module in modules:
                         module(inputs[module.in_features])
                     best = min(best, time.perf_counter() - start)
-                figures.append(f"{name} {best * 1e3:.2f} ms")
-            print(f"{rows:>3} rows: " + ", ".join(figures))
+                rate = f" ({nbytes / best / 1e9:.1f} GB/s of {fmt})" if name == "block" else ""
+                figures.append(f"{name} {best * 1e3:.2f} ms{rate}")
+            print(f"{shape} {fmt}, {rows:>3} rows: " + ", ".join(figures))
 
 
 def profile(core: EngineCore, steps: int = 20) -> None:
@@ -116,9 +122,11 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="time the model's forward alone")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kernels", action="store_true", help="time the linear kernels alone")
+    parser.add_argument("--format", default="q4_1", help="--kernels: the block format (q4_0 ... q6_k)")
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="--kernels: the layer shapes")
     args = parser.parse_args()
     if args.kernels:
-        kernel_ms(args.concurrency)
+        kernel_ms(args.concurrency, args.format, args.shape)
         return
     print(f"threads={torch.get_num_threads()} context~{args.prompt_tokens}+{args.new_tokens}")
     rng = random.Random(0)
@@ -131,10 +139,10 @@ def main() -> None:
             for q, core in engines.items():
                 results[q].append(forward_ms(core, concurrency, args.prompt_tokens) if args.forward
                                   else decode_step_ms(core, concurrency, step_args, rng))
-        base = min(results[None])
+        base = min(results["none"])
         for q, figures in results.items():
             rounds = ", ".join(f"{f:.1f}" for f in figures)
-            print(f"c={concurrency:<3} {q or 'float':>5}: {min(figures):6.1f} ms/step, "
+            print(f"c={concurrency:<3} {q:>5}: {min(figures):6.1f} ms/step, "
                   f"float / this {base / min(figures):.2f}"
                   f" (rounds: {rounds})")
         if args.profile and concurrency == 1:

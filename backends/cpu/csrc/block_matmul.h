@@ -501,6 +501,24 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, const at::Ten
   return out;
 }
 
+// One record's u as bytes u[r][k] (row r, weight k of the block): the SIMD unpacking where
+// there is one (lane r of chunk j holds u[r][4j..4j+3]), else the portable reading.
+template <int64_t Bits>
+inline void record_u(const uint8_t* payload, uint8_t u[kTileRows][kBlock]) {
+#if defined(SY_BLOCK_VNNI)
+  __m512i w[8];
+  unpack<Bits>(payload, w);
+  for (int j = 0; j < 8; ++j) {
+    alignas(64) uint32_t lanes[16];
+    _mm512_store_si512(lanes, w[j]);
+    for (int r = 0; r < kTileRows; ++r) std::memcpy(&u[r][4 * j], &lanes[r], 4);
+  }
+#else
+  for (int64_t r = 0; r < kTileRows; ++r)
+    for (int64_t k = 0; k < kBlock; ++k) u[r][k] = static_cast<uint8_t>(weight_u<Bits>(payload, r, k));
+#endif
+}
+
 // Tiles [begin, end) of one segment as floats: out rows of K values (w = d u + c).
 template <int64_t Bits, int64_t Group, typename T>
 void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, int64_t begin, int64_t end) {
@@ -509,6 +527,8 @@ void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, in
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* rec = packed + (t * blocks + b) * record;
+      alignas(64) uint8_t u[kTileRows][kBlock];
+      record_u<Bits>(rec + header_bytes(Group), u);
       for (int64_t r = 0; r < rows_here; ++r) {
         T* o = out + (t * kTileRows + r) * K + b * kBlock;
         for (int64_t g = 0; g < groups_of(Group); ++g) {
@@ -516,8 +536,9 @@ void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, in
           std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
           std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
           const float d = half_to_float(d_bits), c = half_to_float(c_bits);
-          for (int64_t k = g * Group; k < (g + 1) * Group; ++k)
-            o[k] = static_cast<T>(d * static_cast<float>(weight_u<Bits>(rec + header_bytes(Group), r, k)) + c);
+          float values[Group];
+          for (int64_t k = 0; k < Group; ++k) values[k] = d * static_cast<float>(u[r][g * Group + k]) + c;
+          for (int64_t k = 0; k < Group; ++k) o[g * Group + k] = static_cast<T>(values[k]);
         }
       }
     }
@@ -542,6 +563,52 @@ at::Tensor block_dequantize(const at::Tensor& packed, const at::Tensor& segments
     });
   });
   return out;
+}
+
+// The tiles of one part (block_pack.py's pack_affine, the layout's description, in C++ for
+// speed): d, c float32 [out, in / group], u uint8 [out, in] with w = d u + c.
+at::Tensor block_pack(const at::Tensor& d, const at::Tensor& c, const at::Tensor& u, int64_t bits, int64_t group) {
+  TORCH_CHECK((group == 32 && (bits == 4 || bits == 5 || bits == 8)) || (group == 16 && bits == 6),
+              "block_pack: no tile layout for ", bits, "-bit weights in groups of ", group);
+  TORCH_CHECK(u.scalar_type() == at::kByte && u.dim() == 2 && u.size(1) % kBlock == 0, "block_pack: u must be uint8 [out, in]");
+  const int64_t out = u.size(0), K = u.size(1), G = groups_of(group), blocks = K / kBlock;
+  TORCH_CHECK(d.scalar_type() == at::kFloat && c.scalar_type() == at::kFloat && d.dim() == 2 && c.sizes() == d.sizes() &&
+              d.size(0) == out && d.size(1) == K / group, "block_pack: d and c must be float32 [out, in / group]");
+  const at::Tensor dc = d.contiguous(), cc = c.contiguous(), uc = u.contiguous();
+  const float* dp = dc.data_ptr<float>();
+  const float* cp = cc.data_ptr<float>();
+  const uint8_t* up = uc.data_ptr<uint8_t>();
+  const int64_t tiles = (out + kTileRows - 1) / kTileRows, record = record_bytes(bits, group);
+  at::Tensor packed = at::zeros({tiles * blocks * record}, u.options());
+  uint8_t* pp = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* rec = pp + (t * blocks + b) * record;
+        uint8_t* payload = rec + header_bytes(group);
+        for (int64_t r = 0; r < kTileRows && t * kTileRows + r < out; ++r) {
+          const int64_t row = t * kTileRows + r;
+          for (int64_t g = 0; g < G; ++g) {
+            const c10::Half dh(dp[row * (K / group) + b * G + g]), ch(cp[row * (K / group) + b * G + g]);
+            std::memcpy(rec + 64 * g + 2 * r, &dh.x, 2);
+            std::memcpy(rec + 64 * g + 32 + 2 * r, &ch.x, 2);
+          }
+          const uint8_t* ur = up + row * K + b * kBlock;
+          for (int64_t k = 0; k < kBlock; ++k) {
+            const int64_t j = k / 4, i = k % 4, n = 4 * r + i;
+            if (bits == 8) {
+              payload[64 * j + n] = ur[k];
+              continue;
+            }
+            payload[64 * (j / 2) + n] |= j % 2 == 0 ? (ur[k] & 0x0F) : (ur[k] & 0x0F) << 4;
+            for (int64_t p = 0; p < bits - 4; ++p)
+              payload[256 + 64 * p + 8 * j + n / 8] |= ((ur[k] >> (4 + p)) & 1) << (n % 8);
+          }
+        }
+      }
+    }
+  });
+  return packed;
 }
 
 // "avx512-vnni", "avx2" or "portable": which loop this build runs (the caller prefers another
