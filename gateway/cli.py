@@ -18,9 +18,11 @@ def _add_engine_flags(parser: argparse.ArgumentParser, environ=None) -> None:
                         help="auto: the backend's choice (CPU: bfloat16 where the CPU has AVX512-BF16 or AMX, "
                         "else float32) [env: DTYPE]")
     parser.add_argument("--quantize", default=environ.get("QUANTIZE") or None,
-                        help="weight quantization, TGI's flag: int8, int4 (weight-only), or gguf (a GGUF "
-                        "file's own quantized blocks, multiplied without dequantizing); a value the "
-                        "backend does not support is refused [env: QUANTIZE]")
+                        help="weight quantization, TGI's flag (default: a GGUF file's own blocks, a Hub "
+                        "checkpoint's quantization_config, else none): gguf, int8, int4, gptq, awq, marlin, "
+                        "compressed-tensors, eetq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8, or "
+                        "none (a GGUF dequantized into --dtype); `switchyard backends` lists what each backend "
+                        "serves, and a value it does not is refused [env: QUANTIZE]")
     parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV capacity in blocks (default: sized at warm-up)")

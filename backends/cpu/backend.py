@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 # float32 and bfloat16.
 IN_PLACE_MAX_DECODES = None
 
-# Quantized linears take batches of more rows than this through a bf16 oneDNN copy (quant.py).
+# torch's int4/int8 kernels take batches of more rows than this through a bf16 oneDNN copy, and
+# the block kernel through its tiles dequantized per call past quant.BLOCK_BATCH_ROWS (quant.py).
 QUANTIZED_BATCH_ROWS = 16
 
 GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "

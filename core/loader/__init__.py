@@ -162,9 +162,9 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
 
 def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy: bool = False,
                      packed_gguf: bool = False) -> None:
-    """lazy: hand the model lazy safetensors tensors, so each shard reads only its slices
-    (a GGUF file read directly, without the converted cache, is dequantized whole).
-    packed_gguf: weight matrices from the GGUF file as its packed blocks (core/quant/gguf.py)."""
+    """One weights reader for the source's format: the GGUF file's blocks packed (packed_gguf,
+    gguf_packed.py) or dequantized per tensor (gguf_weights.py), a quantized Hub checkpoint's
+    reader (core/quant/hub), or plain safetensors (lazy: each shard reads only its slices)."""
     if packed_gguf:
         weights = GGUFPackedWeights(source.gguf_file, hf_config)
         total = len(weights)

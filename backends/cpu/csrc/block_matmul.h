@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -536,6 +537,27 @@ void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, in
           std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
           std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
           const float d = half_to_float(d_bits), c = half_to_float(c_bits);
+#if defined(SY_BLOCK_VNNI)
+          if constexpr (Group == 16 || Group == 32) {
+            bool done = false;
+            for (int64_t h = 0; h < Group / 16; ++h) {  // 16 weights a register
+              const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&u[r][g * Group + 16 * h]));
+              const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), _mm512_set1_ps(d),
+                                               _mm512_set1_ps(c));
+              if constexpr (std::is_same_v<T, float>) {
+                _mm512_storeu_ps(reinterpret_cast<float*>(o + g * Group + 16 * h), w);
+                done = true;
+              }
+#if defined(__AVX512BF16__)
+              if constexpr (std::is_same_v<T, c10::BFloat16>) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + g * Group + 16 * h), (__m256i)_mm512_cvtneps_pbh(w));
+                done = true;
+              }
+#endif
+            }
+            if (done) continue;
+          }
+#endif
           float values[Group];
           for (int64_t k = 0; k < Group; ++k) values[k] = d * static_cast<float>(u[r][g * Group + k]) + c;
           for (int64_t k = 0; k < Group; ++k) o[g * Group + k] = static_cast<T>(values[k]);
