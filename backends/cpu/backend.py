@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 IN_PLACE_MAX_DECODES = None
 
 # torch's int4/int8 kernels take batches of more rows than this through a bf16 oneDNN copy, and
-# the block kernel through its tiles dequantized per call past quant.BLOCK_BATCH_ROWS (quant.py).
+# the block kernel through its tiles dequantized per call (decode-only steps: past quant.DECODE_BATCH_ROWS).
 QUANTIZED_BATCH_ROWS = 16
 
 GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "

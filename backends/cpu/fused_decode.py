@@ -27,7 +27,7 @@ from switchyard.core.runner import ModelRunner, build_step_input
 
 from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
 from .linear import PackedLinear
-from .quant import BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
+from .quant import DECODE_BATCH_ROWS, BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
 
 DENSE, ONEDNN, BLOCKS, INT8, INT4, ROWS = range(6)  # csrc/decode_layers.cpp's linear kinds
 _NONE = torch.empty(0)
@@ -68,8 +68,8 @@ def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.T
     if isinstance(module, QuantizedLinear):
         batch = _NONE if module.batch is None else module.batch._packed_batch
         rows = -1 if module.batch is None else module.batch_rows
-        if isinstance(module, BlockLinear):
-            rows = -1 if module.batch_rows is None else module.batch_rows
+        if isinstance(module, BlockLinear):  # decode rows: the integer kernel up to DECODE_BATCH_ROWS
+            rows = -1 if module.batch_rows is None else max(module.batch_rows, DECODE_BATCH_ROWS)
             mode = int(module.batch_dtype == torch.bfloat16)
             return [module.packed, module.segments, bias, _NONE], [BLOCKS, module.out_features, mode, rows, 0]
         if isinstance(module, Int8Linear):

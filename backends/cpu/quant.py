@@ -47,12 +47,15 @@ logger = logging.getLogger(__name__)
 
 INT4_FORMATS = ("q4_0", "q4_1")
 FAST_BLOCK_ISAS = ("avx512-vnni", "avx2")  # block_mm_isa() values faster than torch's kernels
-# BlockLinear's batch path (the tiles dequantized per call, one oneDNN GEMM) past this many rows.
-# Idle 2-core AMX Xeon, SmolLM2-1.7B's 24 layers of Q4_K linears (benchmarks/cpu_quant.py
-# --kernels --shape smollm2-1.7b --format q4_k), integer kernel / dequantized per call: 64 rows
-# 374 / 1071 ms, 128 rows 710 / 1138, 256 rows 1355 / 1322, 512 rows 2762 / 1614. The
-# dequantization (~1.6 G weights/s) sets the crossover; decode steps stay on the integer kernel.
-BLOCK_BATCH_ROWS = 256
+# Decode-only steps (the fused C++ layers, fused_decode.py) take the integer kernel up to this many
+# rows and the batch path (the tiles dequantized per call, one oneDNN GEMM) past it. Idle 2-core
+# AMX Xeon, SmolLM2-1.7B's 24 layers of Q4_K linears (benchmarks/cpu_quant.py --kernels --shape
+# smollm2-1.7b --format q4_k), integer kernel / dequantized per call: 64 rows 374 / 1071 ms,
+# 128 rows 710 / 1138, 256 rows 1355 / 1322, 512 rows 2762 / 1614. Prompt chunks keep the
+# module's batch_rows (16): their first positions' outlier activations lose too much to the int8
+# rounding (the default model's chat answer went wrong, and Gemma 3's argmax drifted from the
+# dequantized file's), so they take the bf16 GEMM as before.
+DECODE_BATCH_ROWS = 256
 INNER_K_TILES = 2  # the int4 pack's tiling (2, 4 or 8 all divide the 576-wide default model)
 INT4_ROWS = 16  # the int4 pack wants a multiple of 16 output rows; others are padded
 
@@ -188,7 +191,7 @@ def kernel_module(weight: QuantizedWeight | QuantizedParts, bias: torch.Tensor |
     """The kernel module of one weight, or None when this CPU has none for its format."""
     if block_ops is not None and block_formatted(weight):
         batch_dtype = torch.bfloat16 if torch.bfloat16 in packable_dtypes() else torch.float32
-        return BlockLinear(weight, block_ops, bias, None if batch_rows is None else BLOCK_BATCH_ROWS, batch_dtype)
+        return BlockLinear(weight, block_ops, bias, batch_rows, batch_dtype)
     if isinstance(weight, QuantizedParts):
         return None
     if weight.format in INT4_FORMATS:

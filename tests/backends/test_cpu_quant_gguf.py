@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from switchyard.backends.cpu import CpuBackend
-from switchyard.backends.cpu.quant import BLOCK_BATCH_ROWS
+from switchyard.backends.cpu.linear import packable_dtypes
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
 from switchyard.core.loader import load_model
 from switchyard.core.testing.batches import make_meta
@@ -29,9 +29,8 @@ MIN_ARGMAX_AGREEMENT = 0.85
 
 
 def _batch_path() -> str:
-    """How the packed model multiplies these prompts' rows (backends/cpu/quant.py): fewer than
-    BLOCK_BATCH_ROWS, so the block kernel, on every CPU."""
-    return "block kernel" if sum(map(len, PROMPTS)) <= BLOCK_BATCH_ROWS else "bf16 batches"
+    """How the packed model multiplies a prompt's rows on this CPU (backends/cpu/quant.py)."""
+    return "bf16 batches" if torch.bfloat16 in packable_dtypes() else "block kernel"
 
 
 def _loaded(quantize):
