@@ -1,8 +1,9 @@
 // The block-format matmul ops; the kernel itself is block_matmul.h (also called by
 // decode_layers.cpp).
 #include "block_matmul.h"
+#include "extension_library.h"
 
-TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+SWITCHYARD_LIBRARY(m) {
   m.def("block_mm(Tensor x, Tensor packed, Tensor segments, int out_features) -> Tensor");
   m.impl("block_mm", c10::DispatchKey::CPU, &blocks::block_mm);
   m.def("block_dequantize(Tensor packed, Tensor segments, int out_features, int in_features, ScalarType dtype) -> Tensor");

@@ -41,6 +41,7 @@
 #include "elementwise.h"
 #include "paged_decode.h"
 #include "row_matmul.h"
+#include "extension_library.h"
 
 namespace {
 
@@ -255,7 +256,7 @@ struct DecodeLayers : torch::CustomClassHolder {
 
 }  // namespace
 
-TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+SWITCHYARD_LIBRARY(m) {
   m.class_<DecodeLayers>("DecodeLayers")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double, at::Tensor>())
       .def("add_layer", &DecodeLayers::add_layer)

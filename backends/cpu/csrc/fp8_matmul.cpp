@@ -28,6 +28,7 @@
 #include <string>
 
 #include "vec16.h"
+#include "extension_library.h"
 
 namespace {
 namespace fp8 {
@@ -235,7 +236,7 @@ std::string fp8_mm_isa() {
 }  // namespace fp8
 }  // namespace
 
-TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+SWITCHYARD_LIBRARY(m) {
   m.def("fp8_mm(Tensor x, Tensor data, Tensor scales, Tensor? bias) -> Tensor");
   m.impl("fp8_mm", c10::DispatchKey::CPU, &fp8::fp8_mm);
   m.def("fp8_dequantize(Tensor data, Tensor scales, ScalarType dtype) -> Tensor");

@@ -35,8 +35,9 @@ MAX_TOKENS = 12
 
 
 def _config() -> EngineConfig:
-    # a 24-token step budget chunks the longer prompts; 16-token blocks
-    return EngineConfig(model=ModelConfig(), cache=CacheConfig(block_size=16, num_blocks=256),
+    # a 24-token step budget chunks the longer prompts; 16-token blocks; the GGUF dequantized on
+    # both backends (the CPU would otherwise multiply its own blocks)
+    return EngineConfig(model=ModelConfig(quantize="none"), cache=CacheConfig(block_size=16, num_blocks=256),
                         scheduler=SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=8))
 
 
