@@ -223,15 +223,7 @@ at::Tensor fp8_dequantize(const at::Tensor& data, const at::Tensor& scales, at::
 }
 
 // Which loop this build runs (tests build each variant).
-std::string fp8_mm_isa() {
-#if defined(SY_VEC16) && !defined(SY_VEC16_AVX2)
-  return "avx512";
-#elif defined(SY_VEC16)
-  return "avx2";
-#else
-  return "portable";
-#endif
-}
+std::string fp8_mm_isa() { return vec16_isa(); }
 
 }  // namespace fp8
 }  // namespace

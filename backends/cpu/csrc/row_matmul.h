@@ -112,15 +112,7 @@ at::Tensor bf16_rows_mm(const at::Tensor& x, const at::Tensor& packed, int64_t o
 }
 
 // Which loop this build runs (load_rows_kernel refuses the portable one; tests check each build).
-std::string rows_mm_isa() {
-#if defined(SY_VEC16) && !defined(SY_VEC16_AVX2)
-  return "avx512";
-#elif defined(SY_VEC16)
-  return "avx2";
-#else
-  return "portable";
-#endif
-}
+std::string rows_mm_isa() { return vec16_isa(); }
 
 }  // namespace rows
 }  // namespace

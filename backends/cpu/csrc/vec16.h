@@ -20,6 +20,18 @@
 #define SY_VEC16_AVX2 1
 #endif
 
+// Which loop a kernel built against this header runs ("avx512", "avx2" or "portable"): what the
+// kernels' *_isa ops report (tests build each variant; loaders refuse the portable one where slow).
+inline const char* vec16_isa() {
+#if defined(SY_VEC16) && !defined(SY_VEC16_AVX2)
+  return "avx512";
+#elif defined(SY_VEC16)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 #if defined(SY_VEC16)
 namespace vec16 {
 
