@@ -58,12 +58,15 @@ def main() -> int:
             print(f"  {name}: {len(shard)} tensors, {size / 1e9:.2f} GB ({time.time() - began:.0f} s)", flush=True)
         shard, size = {}, 0
 
-    for number, (name, file) in enumerate(sorted(weight_map.items(), key=lambda kv: kv[1])):
+    inputs: dict[str, int] = {}  # the linears of one input share GPTQ's act-order (one Hessian)
+    for name, file in sorted(weight_map.items(), key=lambda kv: kv[1]):
         with safe_open(os.path.join(source, file), "pt") as f:
             tensor = f.get_tensor(name)
         prefix = name[: -len(".weight")]
         if prefix.rsplit(".", 1)[-1] in LINEARS:
-            tensors, _ = gptq_pack(tensor.float(), 4, args.group, args.act_order, sym=True, v1=True, seed=number)
+            shared = prefix.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
+            seed = args.seed * 100003 + inputs.setdefault(shared, len(inputs))
+            tensors, _ = gptq_pack(tensor.float(), 4, args.group, args.act_order, sym=True, v1=True, seed=seed)
             parts = {f"{prefix}.{suffix}": t.contiguous() for suffix, t in tensors.items()}
         else:
             parts = {name: tensor.contiguous()}

@@ -53,8 +53,18 @@ def load_decode_layers(cache_root: str) -> ExtensionBuild:
 
 
 def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | str:
-    """(tensors [weight, aux, bias, batch], ints [kind, out_features, mode, batch_rows,
-    single_row_matvec]) of one linear module, as the C++ Linear takes them; or why it has none."""
+    """(tensors [weight, aux, bias, batch, order], ints [kind, out_features, mode, batch_rows,
+    single_row_matvec]) of one linear module, as the C++ Linear takes them; or why it has none.
+    order: an act-order weight's input columns (QuantizedLinear.input_order), else empty."""
+    operands = _kernel_operands(module, dtype)
+    if isinstance(operands, str):
+        return operands
+    order = module.input_order if isinstance(module, QuantizedLinear) else None
+    tensors, ints = operands
+    return tensors + [_NONE if order is None else order], ints
+
+
+def _kernel_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | str:
     bias = getattr(module, "bias", None)  # every kind below has a `bias` (None or a tensor)
     bias = _NONE if bias is None else bias.detach()
     if isinstance(module, PackedLinear) and module.rows_ops is not None:
@@ -63,8 +73,6 @@ def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.T
     if isinstance(module, PackedLinear):
         batch = module._packed_batch
         return [module._packed_one_row, _NONE, bias, batch], [ONEDNN, module.out_features, 0, 1, 0]
-    if isinstance(module, QuantizedLinear) and module.input_order is not None:
-        return "no fused path for act-order weights (input_order)"
     if isinstance(module, QuantizedLinear):
         batch = _NONE if module.batch is None else module.batch._packed_batch
         rows = -1 if module.batch is None else module.batch_rows

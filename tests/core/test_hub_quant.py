@@ -336,12 +336,15 @@ def test_merged_parts_join_with_one_input_order_or_are_dequantized(caplog):
     torch.testing.assert_close(merged(x), expected)
 
 
-def test_act_order_weights_take_no_fused_decode_path():
+def test_act_order_weights_pass_their_input_order_to_the_fused_decode_path():
     from switchyard.backends.cpu.fused_decode import linear_operands
     from switchyard.backends.cpu.quant import Int4Linear
 
-    module = Int4Linear(_act_order(quantize_int4(torch.randn(16, 64)), 0))
-    assert "act-order" in linear_operands(module, torch.float32)
+    weight = _act_order(quantize_int4(torch.randn(16, 64)), 0)
+    tensors, _ = linear_operands(Int4Linear(weight, None, None), torch.float32)
+    assert torch.equal(tensors[-1], weight.input_order)
+    tensors, _ = linear_operands(Int4Linear(quantize_int4(torch.randn(16, 64)), None, None), torch.float32)
+    assert tensors[-1].numel() == 0  # no order
 
 
 def test_backends_command_prints_the_method_table(capsys):
@@ -349,8 +352,9 @@ def test_backends_command_prints_the_method_table(capsys):
 
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
-    for line in ("gptq (checkpoint; cpu)", "awq (checkpoint; cpu)", "compressed-tensors (checkpoint; cpu)",
-                 "marlin (checkpoint; cpu)", "eetq (at-load; cpu)"):
+    for line in ("gptq (checkpoint; cpu, cuda, rocm)", "awq (checkpoint; cpu, cuda, rocm)",
+                 "compressed-tensors (checkpoint; cpu, cuda, rocm)", "marlin (checkpoint; cpu, cuda)",
+                 "eetq (at-load; cpu, cuda, rocm)"):
         assert out.count(line) == 1
 
 
@@ -360,3 +364,31 @@ def test_quantization_config_is_read_from_config_json(tmp_path):
     with open(os.path.join(tmp_path, "config.json")) as f:
         assert json.load(f)["quantization_config"]["quant_method"] == "awq"
     assert served_method(None, None, json.load(open(tmp_path / "config.json"))["quantization_config"])[0] == "awq"
+
+
+def test_act_order_checkpoint_takes_the_fused_decode_path(tmp_path):
+    """An act-order GPTQ checkpoint's decode steps run every layer in C++ (each linear gathers its
+    input columns in its weight's order first), with the logits of the eager layers."""
+    from switchyard.backends.cpu.fused_decode import FusedDecodeRunner
+    from switchyard.core.engine import EngineCore
+    from switchyard.core.runner import ModelRunner
+    from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+    build_packed(tmp_path, "gptq", bits=4, group=32, act_order=True, sym=True, v1=True)
+
+    def decode_logits(fused: bool) -> list[torch.Tensor]:
+        config = EngineConfig(model=ModelConfig(model=str(tmp_path), dtype="float32", max_model_len=64),
+                              cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=32), compile_decode=fused)
+        core = EngineCore(config, backend=CpuBackend())
+        try:
+            if fused:
+                assert isinstance(core.runner, FusedDecodeRunner)
+            prompt, blocks = list(range(3, 14)), tuple(range(1, 1 + 64 // BLOCK_SIZE))
+            ModelRunner.execute(core.runner, SchedulerOutput((ScheduledRequest("a", tuple(prompt), 0, blocks, True),)))
+            return [core.runner.execute(SchedulerOutput((ScheduledRequest("a", (20 + step,), len(prompt) + step,
+                                                                          blocks, True),)))[0] for step in range(3)]
+        finally:
+            core.shutdown()
+
+    for expected, got in zip(decode_logits(False), decode_logits(True), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -63,10 +63,12 @@ struct Linear {
   // scales_and_zeros
   at::Tensor weight, aux;
   // batch: for rows > batch_rows, the oneDNN packing for batches (onednn, rows: float32) or the
-  // oneDNN-packed bf16 copy of a quantized weight
-  std::optional<at::Tensor> bias, batch;
+  // oneDNN-packed bf16 copy of a quantized weight; order: an act-order weight's input columns
+  // (the layer multiplies x[:, order], its weight's columns sorted by group)
+  std::optional<at::Tensor> bias, batch, order;
 
-  at::Tensor operator()(const at::Tensor& x) const {
+  at::Tensor operator()(const at::Tensor& input) const {
+    const at::Tensor x = order ? input.index_select(1, *order) : input;
     if (kind == kDense) {
       if (x.size(0) == 1 && single_row_matvec) {
         at::Tensor out = at::mv(weight, x[0]).unsqueeze(0);
@@ -107,13 +109,13 @@ std::optional<at::Tensor> present(const at::Tensor& x) {
   return x.defined() && x.numel() > 0 ? std::optional<at::Tensor>(x) : std::nullopt;
 }
 
-// A linear from Python: tensors [weight, aux, bias, batch] (an empty tensor where absent),
+// A linear from Python: tensors [weight, aux, bias, batch, order] (an empty tensor where absent),
 // ints [kind, out_features, mode, batch_rows, single_row_matvec].
 Linear make_linear(const std::vector<at::Tensor>& t, const std::vector<int64_t>& i) {
-  TORCH_CHECK(t.size() == 4 && i.size() == 5, "decode_layers: a linear is 4 tensors and 5 ints");
+  TORCH_CHECK(t.size() == 5 && i.size() == 5, "decode_layers: a linear is 5 tensors and 5 ints");
   Linear l;
   l.kind = i[0], l.out_features = i[1], l.mode = i[2], l.batch_rows = i[3], l.single_row_matvec = i[4] != 0;
-  l.weight = t[0], l.aux = t[1], l.bias = present(t[2]), l.batch = present(t[3]);
+  l.weight = t[0], l.aux = t[1], l.bias = present(t[2]), l.batch = present(t[3]), l.order = present(t[4]);
   return l;
 }
 
@@ -187,11 +189,11 @@ struct DecodeLayers : torch::CustomClassHolder {
   }
 
   // norms: [input, post_attention, q_norm, k_norm] (empty tensors where the model has none);
-  // linears: 4 tensors each for qkv, o, gate_up, down; ints: 5 each, then the window.
+  // linears: 5 tensors each for qkv, o, gate_up, down; ints: 5 each, then the window.
   void add_layer(std::vector<at::Tensor> norms, std::vector<at::Tensor> linears, std::vector<int64_t> ints) {
-    TORCH_CHECK(norms.size() == 4 && linears.size() == 16 && ints.size() == 21, "decode_layers: bad layer");
+    TORCH_CHECK(norms.size() == 4 && linears.size() == 20 && ints.size() == 21, "decode_layers: bad layer");
     auto part = [&](int k) {
-      return make_linear({linears.begin() + 4 * k, linears.begin() + 4 * k + 4}, {ints.begin() + 5 * k, ints.begin() + 5 * k + 5});
+      return make_linear({linears.begin() + 5 * k, linears.begin() + 5 * k + 5}, {ints.begin() + 5 * k, ints.begin() + 5 * k + 5});
     };
     layers.push_back(Layer{norms[0], norms[1], present(norms[2]), present(norms[3]), part(0), part(1), part(2), part(3),
                            ints[20]});
