@@ -31,34 +31,13 @@ from torch import nn
 from switchyard.core.quant import QuantizedWeight
 from switchyard.core.quant.scaled import QUANT_TYPES
 
+from ..bnb_ops import THRESHOLD, import_bnb, int8_matmul
 from .quant import QuantizedLinear
 
 logger = logging.getLogger(__name__)
 
 GEMV_ROWS = 8  # rows up to which gemv_4bit beats dequantize_4bit + a bf16 matmul (measured above)
-THRESHOLD = 6.0  # LLM.int8's outlier threshold (bitsandbytes' and TGI's default)
 PACK_ROWS = 32  # bitsandbytes' CPU repacking works on blocks of 32 output rows
-
-
-class _QuietHubKernel(logging.Filter):
-    """bitsandbytes' CPU backend tries, at import, to fetch an optional kernel from the Hugging Face
-    Hub (the `kernels` package) and warns when it cannot; its own kernel serves instead. Dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "kernels-community" not in record.getMessage()
-
-
-_QUIET = _QuietHubKernel()
-
-
-def import_bnb():
-    """bitsandbytes.functional, or None where bitsandbytes is not installed."""
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_QUIET)  # once: a filter is added once
-    try:
-        import bitsandbytes.functional as functional
-    except ImportError:
-        return None
-    return functional
 
 
 class Bnb4bitLinear(QuantizedLinear):
@@ -115,22 +94,6 @@ class BnbInt8Linear(QuantizedLinear):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bnb_int8 "
                 f"(bitsandbytes LLM.int8, threshold {THRESHOLD})")
-
-
-@torch.library.custom_op("switchyard_bnb::int8_matmul", mutates_args=())
-def int8_matmul(x: torch.Tensor, CB: torch.Tensor, SCB: torch.Tensor) -> torch.Tensor:
-    """LLM.int8 through bitsandbytes' ops, as its MatMul8bitLt runs inference: x [M, K] (any float
-    dtype) rounded to int8 per row from its fp16 copy, the outlier columns multiplied in x's dtype;
-    CB int8 [N, K], SCB float32 [N] -> [M, N] in x's dtype. One op to torch.compile: the outlier
-    columns' count depends on the values."""
-    CA, SCA, outliers = torch.ops.bitsandbytes.int8_vectorwise_quant.default(x.to(torch.float16), THRESHOLD)
-    out, _ = torch.ops.bitsandbytes.int8_mixed_scaled_mm.default(x, CA, CB, SCA, SCB, outliers, None)
-    return out
-
-
-@int8_matmul.register_fake
-def _(x, CB, SCB):
-    return x.new_empty((x.shape[0], CB.shape[0]))
 
 
 def bnb_kernel(weight: QuantizedWeight, bias: torch.Tensor | None, batch_rows: int | None) -> nn.Module | None:

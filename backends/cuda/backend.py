@@ -1,5 +1,7 @@
 """The CUDA backend: Triton paged attention (flash-attn varlen when installed and fit),
-CUDA graphs for decode steps, warm-up memory profiling, NCCL and one process per GPU."""
+quantized weights packed for their GPU kernels (quant.py: the Triton dequantize-GEMM, Marlin,
+torch._scaled_mm fp8, bitsandbytes), CUDA graphs for decode steps, warm-up memory profiling,
+NCCL and one process per GPU."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,6 +14,7 @@ import torch
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
                                      ShardInfo)
 from switchyard.core.config import CacheConfig, EngineConfig
+from switchyard.core.quant.methods import served_by
 
 from .device import CudaDevice
 from switchyard.core.distributed import init_process_group
@@ -21,6 +24,7 @@ from .flash import AttentionChoice, FlashAttnKernel, choose_attention, describe_
 from .fusion import fuse_layers
 from .graphs import CudaGraphRunner
 from .memory import MemoryProfile, num_kv_blocks_from_profile, profile_run
+from .quant import KernelTarget, has_quantized, pack_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class CudaBackend(Backend):
         self.cuda_graphs = cuda_graphs
         self.fused_layers = fused_layers
         self.fused: dict[str, int] = {}
+        self.quantized: dict[str, int] = {}  # kernel kind -> how many linears it took (prepare_model)
         self.memory_profile: MemoryProfile | None = None
         self.attention_choices: dict[AttentionSpec, AttentionChoice] = {}
 
@@ -70,7 +75,8 @@ class CudaBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(dtypes=("bfloat16", "float16", "float32"), block_sizes=(16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=True,
-                            static_shapes=False, attention_impl=describe_attention(flash_attn_module()))
+                            static_shapes=False, attention_impl=describe_attention(flash_attn_module()),
+                            quantizations=served_by(self.name))
 
     @property
     def device(self) -> torch.device:
@@ -95,8 +101,11 @@ class CudaBackend(Backend):
         return self.device_ops.mem_get_info()[0]
 
     def prepare_model(self, loaded, config: EngineConfig) -> None:
-        """Points the model's norms, rotary, SiLU-and-mul and experts at fused Triton kernels
-        (fusion.py), unless fused_layers is off; self.fused counts what was swapped."""
+        """Swaps quantized linears for their GPU kernels (quant.py; self.quantized counts them by
+        kind), then points the model's norms, rotary, SiLU-and-mul and experts at fused Triton
+        kernels (fusion.py), unless fused_layers is off; self.fused counts what was swapped."""
+        if has_quantized(loaded.model):
+            self.quantized = pack_quantized(loaded.model, KernelTarget.of(self.device, loaded.dtype))
         if self.fused_layers:
             from . import kernels
 

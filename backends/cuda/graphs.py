@@ -12,7 +12,9 @@ chunk, or more requests than the largest bucket, run eagerly (ModelRunner.execut
 Graph capture freezes whatever the attention kernel reads from the metadata's host
 fields, so only kernels that declare `graph_safe = True` (AttentionKernel.graph_safe: they
 read the device tensors and shapes alone on decode-only batches) are captured; the
-capture-time metadata holds worst-case host values (max_seq_len = max_model_len).
+capture-time metadata holds worst-case host values (max_seq_len = max_model_len). A
+quantized linear that syncs with the host (CudaQuantLinear.graph_safe False: bitsandbytes'
+LLM.int8) turns graphs off too.
 """
 from __future__ import annotations
 
@@ -24,13 +26,17 @@ from switchyard.core.backend import Backend
 from switchyard.core.decode_batch import BucketedDecodeRunner, DecodeBuffers, capture_sizes
 from switchyard.core.layers import PagedAttention
 
+from .quant_linear import CudaQuantLinear
+
 logger = logging.getLogger(__name__)
 
 
 def graph_unsafe_kernels(model: torch.nn.Module) -> list[str]:
-    """Names of the attention kernels of the model that cannot be captured."""
+    """Names of the model's kernels that cannot be captured: attention kernels, and quantized
+    linears (quant_linear.py) that sync with the host."""
     names = {type(m.kernel).__name__ for m in model.modules()
              if isinstance(m, PagedAttention) and not m.kernel.graph_safe}
+    names |= {type(m).__name__ for m in model.modules() if isinstance(m, CudaQuantLinear) and not m.graph_safe}
     return sorted(names)
 
 
@@ -52,7 +58,7 @@ class CudaGraphRunner(BucketedDecodeRunner):
         chosen = capture_sizes(max_num_seqs) if sizes is None else \
             tuple(sorted({s for s in sizes if 0 < s <= max(1, max_num_seqs)}))
         self.disabled_reason = ("disabled by configuration" if not enabled or not chosen else
-                                f"attention kernel(s) {', '.join(unsafe)} not graph-safe" if unsafe else None)
+                                f"kernel(s) {', '.join(unsafe)} not graph-safe" if unsafe else None)
         if self.disabled_reason is None:
             self.sizes = chosen
             max_blocks = -(-max_model_len // block_size)

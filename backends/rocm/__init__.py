@@ -21,6 +21,9 @@ FEATURE_DIFFERENCES = (
     "collectives: RCCL, through torch.distributed's 'nccl' backend name",
     "devices: HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES, as the HIP runtime reads them",
     "dtypes: bf16 needs a GPU with bf16 support (MI200 and newer); fp16 and fp32 everywhere",
+    "quantization: what the Triton dequantize-GEMM multiplies (GGUF blocks, int8 / int4 at load, GPTQ, AWQ, "
+    "compressed-tensors int, eetq; core/quant/methods.py lists rocm for them); no Marlin, no fp8 "
+    "(torch._scaled_mm's e4m3fn is not ROCm's float8), no bitsandbytes",
 )
 ROCM_ATTENTION_IMPL = "triton paged attention on HIP (flash-attn not used on ROCm)"
 

@@ -6,11 +6,15 @@
   3. Output tokens/s for N requests (prompts 64-512 tokens, 256 new tokens, EOS ignored)
      through our engine, next to transformers' continuous batching (`generate_batch`)
      on the same weights and requests (a subset when the whole would not fit the budget).
+  4. The same shape quantized (quant_bench.py): GPTQ 4-bit and AWQ checkpoints of random
+     weights written here offline, and fp8 made at load; per row the kernels chosen, load
+     time, batch-1 decode next to its roofline and output tokens/s.
 
     python benchmarks/gpu/bench.py --out DIR            # on the GPU machine
     python benchmarks/gpu/bench.py --smoke --out DIR    # CPU, llama-tiny, interpreter: checks the script
 
-Each section has a time budget and its own try/except; the whole run aims at < 7 minutes.
+Each section has a time budget and its own try/except; the whole run aims at < 10 minutes
+(sections 1-3 about 6, section 4 --quant-budget seconds).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ if SMOKE:  # triton reads it when the kernels are defined: before anything impor
 
 import torch  # noqa: E402
 
+import quant_bench  # noqa: E402
 from common import Deadline, Log, random_prompts, run_section  # noqa: E402
 
 
@@ -35,9 +40,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="named dummy shape (default llama-3-8b; smoke: llama-tiny)")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
-    parser.add_argument("--total-budget", type=float, default=400.0, help="seconds for the whole run")
+    parser.add_argument("--total-budget", type=float, default=600.0, help="seconds for the whole run")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--quant-methods", default=",".join(quant_bench.METHODS),
+                        help="section 4's rows, comma-separated (gptq, awq, fp8; 'none': no section 4)")
+    parser.add_argument("--quant-budget", type=float, default=220.0, help="seconds kept for section 4")
     args = parser.parse_args()
+    args.quant_methods = [m for m in args.quant_methods.split(",") if m and m != "none"]
+    unknown = sorted(set(args.quant_methods) - set(quant_bench.METHODS))
+    if unknown:
+        parser.error(f"--quant-methods: unknown {', '.join(unknown)} (known: {', '.join(quant_bench.METHODS)})")
+    if not args.quant_methods:
+        args.quant_budget = 0.0
     big = not args.smoke
     args.model = args.model or ("llama-3-8b" if big else "llama-tiny")
     args.dtype = "bfloat16" if big else "float32"
@@ -51,6 +65,11 @@ def parse_args() -> argparse.Namespace:
     args.copy_bytes, args.copy_iterations = (4 * 2**30, 20) if big else (2**24, 5)
     args.warm_requests = 16 if big else 3
     args.hf_first_subset = 64 if big else 4
+    args.quant_group = 128 if big else 32  # llama-tiny's layers are 64 and 128 wide
+    args.quant_max_num_seqs = 64 if big else 8
+    args.quant_requests, args.quant_new_tokens = (128, 128) if big else (6, 4)
+    args.quant_row_min_s = 60.0 if big else 5.0  # what a row needs at least (checkpoint, load, warm-up, decode)
+    args.scratch = os.environ.get("TMPDIR") or "/tmp"  # the random checkpoints are written (and removed) here
     return args
 
 
@@ -73,18 +92,24 @@ def main() -> int:
     engine = run_section(log, "engine warm-up (dummy weights, profiling, KV sizing, graph capture)",
                          engine_bench.build_engine, log, make_backend(args.smoke), args.model, args.dtype,
                          args.max_num_seqs, args.max_batched_tokens, args.max_model_len)
-    if engine is None:
-        return 1
-    run_section(log, "2. batch-1 decode vs roofline", engine_bench.decode_latency, log, engine, device, args)
-    prompts = random_prompts(args.requests, args.prompt_min, args.prompt_max, engine.loaded.vocab_size, seed=0)
-    ours = run_section(log, "3a. throughput: switchyard", engine_bench.throughput, log, engine, prompts,
-                       args.new_tokens, Deadline.after(150, hard_end - 120), args)
-    if args.skip_transformers:
-        return 0
-    theirs = run_section(log, "3b. throughput: transformers generate_batch", baseline, log, engine, prompts, args,
-                         device, hard_end)
-    compare(log, ours, theirs)
-    return 0
+    status = 0 if engine is not None else 1
+    if engine is not None:
+        bf16_end = hard_end - args.quant_budget  # what sections 2 and 3 may take
+        run_section(log, "2. batch-1 decode vs roofline", engine_bench.decode_latency, log, engine, device, args)
+        prompts = random_prompts(args.requests, args.prompt_min, args.prompt_max, engine.loaded.vocab_size, seed=0)
+        ours = run_section(log, "3a. throughput: switchyard", engine_bench.throughput, log, engine, prompts,
+                           args.new_tokens, Deadline.after(150, bf16_end - 120), args)
+        if not args.skip_transformers:
+            theirs = run_section(log, "3b. throughput: transformers generate_batch", baseline, log, engine, prompts,
+                                 args, device, bf16_end)
+            compare(log, ours, theirs)
+        quant_bench.release(engine, device)  # sections 2-3's weights, KV cache and graphs leave the device
+        engine = None
+        quant_bench.free_device_memory(device)
+    if args.quant_methods:
+        run_section(log, f"4. quantized {args.model}: {', '.join(args.quant_methods)}", quant_bench.run, log, args,
+                    device, lambda: make_backend(args.smoke), Deadline(hard_end - 5))
+    return status
 
 
 def measure_bandwidth(log, device, args) -> float:

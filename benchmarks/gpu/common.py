@@ -153,7 +153,7 @@ def make_backend(smoke: bool):
         return CudaBackend()
     backend = CudaBackend(device_ops=CpuStandIn())
     backend._device = torch.device("cpu")
-    backend.init_device = lambda: None
+    backend.init_device = lambda shard=None: None  # no device to select, no process group
     return backend
 
 

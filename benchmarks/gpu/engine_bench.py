@@ -11,19 +11,20 @@ from common import Deadline, drive, random_prompts, synchronize
 
 
 def build_engine(log, backend, model: str, dtype: str, max_num_seqs: int, max_batched_tokens: int,
-                 max_model_len: int | None):
+                 max_model_len: int | None, quantize: str | None = None, load_format: str = "dummy"):
     from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from switchyard.core.engine import EngineCore
 
-    config = EngineConfig(model=ModelConfig(model=model, dtype=dtype, load_format="dummy", seed=0,
-                                            max_model_len=max_model_len),
+    config = EngineConfig(model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=0,
+                                            max_model_len=max_model_len, quantize=quantize),
                           cache=CacheConfig(block_size=16),
                           scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens))
     start = time.perf_counter()
     engine = EngineCore(config, backend=backend)
     runner, info, gib = engine.runner, engine.info, 2**30
     log(f"engine ready in {time.perf_counter() - start:.1f}s: {model} {dtype}, backend {backend.name}, "
-        f"attention {sorted({c.reason for c in backend.attention_choices.values()})}, fused {backend.fused}")
+        f"attention {sorted({c.reason for c in backend.attention_choices.values()})}, fused {backend.fused}"
+        + (f", quantized linears {backend.quantized}" if backend.quantized else ""))
     profile = backend.memory_profile
     log(f"  warm-up profile: {profile.free_bytes / gib:.1f} GiB free of {profile.total_bytes / gib:.1f} GiB, "
         f"activation peak {profile.activation_peak_bytes / gib:.2f} GiB -> {info.num_kv_blocks} KV blocks, "
@@ -87,14 +88,16 @@ def graph_replay_ms(engine, device: torch.device, iterations: int) -> float | No
 
 def matmul_floor_ms(model, device: torch.device, iterations: int) -> float | None:
     """GPU time of a batch-1 step's weight matmuls alone (every projection and the LM head,
-    through the model's own Linear modules), replayed as one graph: what the weight reads
-    cost before any attention, norm or launch gap."""
+    through the model's own Linear modules or the quantized ones that replaced them), replayed
+    as one graph: what the weight reads cost before any attention, norm or launch gap."""
     if device.type != "cuda":
         return None
+    from switchyard.backends.cuda.quant_linear import CudaQuantLinear
     from switchyard.core.layers import Linear
 
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
-    inputs = [torch.randn(1, m.in_features, device=device, dtype=m.weight.dtype) for m in linears]
+    linears = [m for m in model.modules() if isinstance(m, (Linear, CudaQuantLinear))]
+    dtype = model.model.embed_tokens.weight.dtype  # the activations' (a quantized linear has no float weight)
+    inputs = [torch.randn(1, m.in_features, device=device, dtype=dtype) for m in linears]
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.inference_mode(), torch.cuda.stream(stream):

@@ -1,10 +1,12 @@
 """Section 1: every Triton kernel against its plain-torch reference (core/ops, core/layers)
 at Llama-3-8B shapes in bf16: KV write, paged attention on a decode batch and on a mixed
 batch (decodes plus prompt chunks with cached prefixes, with and without a sliding
-window), fused RMSNorm, rotary and SiLU-and-mul."""
+window), fused RMSNorm, rotary and SiLU-and-mul, and the dequantize-GEMM of quantized
+weights (GPTQ-style q4_0 in groups of 128, Q4_K, Q6_K, Q8_0) with its time per call."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import torch
 
@@ -106,17 +108,66 @@ def check_fused(log, device, dtype, shapes) -> bool:
     return ok
 
 
+def check_dequant_gemm(log, device, dtype, shapes) -> bool:
+    """The Triton dequantize-GEMM (backends/cuda/kernels/dequant_gemm.py) against x @ W^T of the
+    weight's own dequantization (float32), and its time per call (weight bytes read per second)."""
+    from switchyard.backends.cuda.kernels import dequant_gemm
+    from switchyard.backends.cuda.quant import pack_weight
+    from switchyard.core.quant.hub.blocks import to_quantized
+    from switchyard.core.testing.quant_blocks import random_blocks
+
+    ok = True
+    generator = torch.Generator().manual_seed(2)
+    for fmt, n, k in shapes["dequant"]:
+        if fmt == "gptq":  # symmetric 4-bit in groups of 128, as core converts a GPTQ layer (q4_0 blocks)
+            scales = torch.rand(n, k // 128, generator=generator) * 0.004 + 0.002
+            weight = to_quantized(torch.randint(0, 16, (n, k), generator=generator), scales,
+                                  torch.full((n, k // 128), 8), 4, "a layer")
+        else:  # random blocks, scales shrunk so that outputs stay in bf16's range
+            weight = random_blocks(fmt, n, k // (256 if fmt.endswith("_k") else 32), seed=3, scale=(1e-4, 1e-3))
+        (packed,) = pack_weight(weight, device)
+        reference_weight = replace(weight, data=weight.data.to(device)).dequantize()  # core's, on the device
+        for rows in shapes["dequant_rows"]:
+            x = torch.randn((rows, k), generator=generator).to(device, dtype)
+            out = dequant_gemm(x, packed)
+            ref = x.float() @ reference_weight.T
+            ok &= _report(log, f"dequant_gemm {fmt} (groups of {packed.group})", f"[{rows}, {k}] x [{n}, {k}]^T",
+                          out, ref, (shapes["dequant_tol"] * ref.abs().max().item(), 0.0))
+            ms = _time_ms(lambda: dequant_gemm(x, packed), device)
+            if ms is not None:
+                log(f"    {ms * 1e3:.1f} us a call: {packed.nbytes / ms / 1e6:.0f} GB/s of packed weight read")
+    return ok
+
+
+def _time_ms(run, device, iterations: int = 20) -> float | None:
+    """Mean GPU time of one call (after one untimed call); None off the GPU."""
+    if device.type != "cuda":
+        return None
+    run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iterations
+
+
 LLAMA3_8B_SHAPES = dict(
     attention=(32, 8, 128, 16, 8192),  # heads, kv heads, head dim, block size, blocks in the cache
     batches=[("decode", [1] * 64, [random.Random(i).randint(1, 4000) for i in range(64)], None),
              ("mixed", [1] * 16 + [512, 300, 77, 1024], [900] * 16 + [0, 256, 1000, 64], None),
              ("mixed, window 512", [1] * 8 + [700, 100], [3000] * 8 + [0, 2000], 512)],
-    attention_tol=(2e-2, 2e-2), fused=(512, 4096, 14336, 40, 128), fused_tol=(1e-2, 2e-2))
+    attention_tol=(2e-2, 2e-2), fused=(512, 4096, 14336, 40, 128), fused_tol=(1e-2, 2e-2),
+    dequant=[("gptq", 6144, 4096), ("gptq", 4096, 14336), ("q4_k", 28672, 4096), ("q6_k", 4096, 4096)],
+    dequant_rows=(1, 16, 256), dequant_tol=2e-2)
 SMOKE_SHAPES = dict(
     attention=(4, 2, 16, 4, 64), batches=[("decode", [1] * 3, [5, 9, 17], None),
                                          ("mixed", [1, 1, 7, 5], [3, 12, 0, 6], None),
                                          ("mixed, window 4", [1, 6], [9, 5], 4)],
-    attention_tol=(2e-2, 2e-2), fused=(8, 64, 96, 6, 16), fused_tol=(1e-2, 2e-2))
+    attention_tol=(2e-2, 2e-2), fused=(8, 64, 96, 6, 16), fused_tol=(1e-2, 2e-2),
+    dequant=[("gptq", 72, 256), ("q4_k", 40, 256), ("q6_k", 24, 256), ("q8_0", 40, 96)], dequant_rows=(1, 17),
+    dequant_tol=2e-2)
 
 
 def run(log, device: torch.device, smoke: bool) -> bool:
@@ -126,5 +177,6 @@ def run(log, device: torch.device, smoke: bool) -> bool:
         "bf16 inputs, bf16 outputs)")
     ok = check_attention(log, device, dtype, shapes)
     ok &= check_fused(log, device, dtype, shapes)
+    ok &= check_dequant_gemm(log, device, dtype, shapes)
     log(f"all kernels within tolerance: {ok}")
     return ok

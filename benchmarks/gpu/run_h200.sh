@@ -21,7 +21,7 @@ export PYTHONPATH=$shim:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
 cd benchmarks/gpu
-timeout -k 10 "${BENCH_TIMEOUT:-430}" python3 bench.py --out "$OUT" "$@"
+timeout -k 10 "${BENCH_TIMEOUT:-630}" python3 bench.py --out "$OUT" "$@"
 status=$?
 echo "bench.py exit status $status" | tee -a "$OUT/bench.log"
 exit $status
