@@ -4,6 +4,8 @@ Called once when an engine starts, before anything is loaded:
 - `dtype="auto"` becomes the backend's preferred dtype (the copy returned says which);
 - `quantize` becomes the method the weights are served in (core/quant/methods.py served_method:
   a GGUF file in its own blocks, a Hub checkpoint in its quantization_config's method);
+- shards (--num-shard > 1) where the backend declares why it cannot run them here
+  (Capabilities.unshardable_reason) are refused (one line);
 - a `quantize` the backend does not declare is refused (one line), and so is any `quantize`
   with tensor parallelism (quantized weights are loaded whole, core/layers/linear.py);
 - a dtype or KV block size outside the declared lists is refused (BackendCapabilityError, one
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from .backend import Capabilities
+from .backend_contract import Capabilities
 from .config import EngineConfig
 from .errors import BackendCapabilityError
 from .quant.methods import NONE
@@ -60,6 +62,10 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if dtype not in caps.dtypes:
         raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
                                      f"it supports: {_listed(caps.dtypes)}")
+    shards = config.parallel.tensor_parallel_size
+    if shards > 1 and caps.unshardable_reason:
+        raise BackendCapabilityError(f"backend {backend!r} cannot run --num-shard {shards} here: "
+                                     f"{caps.unshardable_reason}")
     _check_quantization(backend, caps, config.model.quantize)  # as asked, then as served
     quantize = _served_quantization(config, caps)
     _check_quantization(backend, caps, quantize)

@@ -14,7 +14,7 @@ import bisect
 import numpy as np
 import torch
 
-from .backend import AttentionMetadata
+from .backend_contract import AttentionMetadata
 from .runner import ModelRunner
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 

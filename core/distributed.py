@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .backend import ShardInfo
+from .backend_contract import ShardInfo
 from .config import ParallelConfig
 
 # A worker waits on the control group while the engine is idle: days, not the data timeout.

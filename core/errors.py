@@ -2,6 +2,16 @@
 from __future__ import annotations
 
 
+class ValidationError(ValueError):
+    """Bad request parameters; the gateway renders it as a 4xx naming `param`. Defined here,
+    beside the other errors, so that what raises it (core/params.py, core/grammar/spec.py)
+    need not import each other."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 class EngineDeadError(RuntimeError):
     """The engine cannot serve: its step failed, its process or a shard ended. Requests in
     flight are failed with this error."""

@@ -5,16 +5,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .errors import ValidationError
+
 if TYPE_CHECKING:
     from .grammar.spec import GrammarSpec
 
-
-class ValidationError(ValueError):
-    """Bad request parameters; the gateway renders it as a 4xx."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+# ValidationError is defined in core/errors.py; it is raised here, and importers take it from here.
+__all__ = ["MAX_REPETITION_PENALTY", "MAX_TEMPERATURE", "MIN_TEMPERATURE", "SamplingParams", "ValidationError"]
 
 
 # Sane bounds, decided once here; both dialects report a breach in their own wording.

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import AttentionMetadata, Backend
+from .backend_contract import AttentionMetadata, BackendInterface
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
@@ -86,7 +86,8 @@ def _slots(block_ids: tuple[int, ...], start: int, stop: int, block_size: int) -
 class ModelRunner:
     """Owns the model and its paged KV cache on the backend's device."""
 
-    def __init__(self, model: torch.nn.Module, backend: Backend, kv_caches: list[torch.Tensor], block_size: int):
+    def __init__(self, model: torch.nn.Module, backend: BackendInterface, kv_caches: list[torch.Tensor],
+                 block_size: int):
         self.model = model
         self.backend = backend
         self.kv_caches = kv_caches

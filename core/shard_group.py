@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from .backend import ShardInfo
+from .backend_contract import ShardInfo
 
 logger = logging.getLogger(__name__)
 

@@ -2,6 +2,8 @@
 (OpenAI logprobs and TGI's token details)."""
 from __future__ import annotations
 
+from switchyard.core.grammar.vocabulary import is_byte_level, unicode_to_bytes
+
 
 class TokenStrings:
     """The text and the UTF-8 bytes of single tokens, cached. Byte-level BPE tokens
@@ -9,7 +11,7 @@ class TokenStrings:
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
-        self._byte_decoder = _byte_decoder(tokenizer)
+        self._byte_decoder = unicode_to_bytes() if is_byte_level(tokenizer) else None
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def _entry(self, token_id: int) -> tuple[str, list[int]]:
@@ -32,24 +34,6 @@ class TokenStrings:
 
     def bytes(self, token_id: int) -> list[int]:
         return self._entry(token_id)[1]
-
-
-def _byte_decoder(tokenizer) -> dict[str, int] | None:
-    """GPT-2's byte <-> printable character table, if the tokenizer decodes byte-level."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = getattr(backend, "decoder", None)
-    if decoder is None or "ByteLevel" not in repr(decoder):
-        return None
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[chr(b)] = b
-        else:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
 
 
 _strings_by_tokenizer: dict[int, tuple[object, TokenStrings]] = {}

@@ -79,15 +79,16 @@ def compile_sizes(max_num_seqs: int, configured: tuple[int, ...] | None) -> tupl
     return tuple(s for s in DEFAULT_SIZES if s <= top)
 
 
-def use_cache_dir(directory: str) -> None:
-    """Points inductor's caches (FX graphs, compiled kernels) at `directory` for this process.
-    Inductor reads the location from TORCHINDUCTOR_CACHE_DIR whenever it compiles, so it is
-    set here, at warm-up, from the engine's configuration."""
-    import torch._inductor.config as inductor_config
+def cache_dir_while_compiling(directory: str) -> contextlib.AbstractContextManager:
+    """Inductor's caches (FX graphs, compiled kernels) under `directory` while the context is
+    open. Inductor takes the location only from TORCHINDUCTOR_CACHE_DIR, read whenever it
+    compiles (torch._inductor.runtime.cache_dir_utils.cache_dir), so this is torch's own
+    temporary_cache_dir: it sets the variable for the compile and restores the process's
+    value afterwards, the engine's configuration never left in its environment."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     os.makedirs(directory, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
-    inductor_config.fx_graph_cache = True
+    return temporary_cache_dir(directory)
 
 
 def _cache_counts() -> tuple[int, int]:
@@ -138,7 +139,6 @@ class CompiledDecodeRunner(BucketedDecodeRunner):
         if self.disabled_reason is not None:
             logger.info("CPU decode graphs off: %s", self.disabled_reason)
             return
-        use_cache_dir(self.options.cache_dir)
         step = torch.compile(_fresh_function(_decode_step, f"{id(self):x}"), fullgraph=True, dynamic=False)
         self.buffers.pad_all()
         graphs = {}
@@ -164,16 +164,18 @@ class CompiledDecodeRunner(BucketedDecodeRunner):
                     self.options.cache_dir)
 
     def _settings(self) -> contextlib.ExitStack:
-        """Compiler settings while the buckets compile (each graph compiles on its first call).
-        Dynamo reads `freezing` while tracing, so it is set here, not as a torch.compile option;
-        dynamo keeps one graph per bucket (its default limit is 8 per function) and raises rather
-        than silently running eager past its limit."""
+        """Compiler settings while the buckets compile (each graph compiles on its first call):
+        the cache directory, freezing, the FX-graph cache. Dynamo reads `freezing` while
+        tracing, so it is set here, not as a torch.compile option; dynamo keeps one graph per
+        bucket (its default limit is 8 per function) and raises rather than silently running
+        eager past its limit."""
         import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
 
         stack = contextlib.ExitStack()
-        stack.enter_context(inductor_config.patch(freezing=self.options.freezing,
-                                                  cpp_wrapper=self.options.cpp_wrapper))
+        stack.enter_context(cache_dir_while_compiling(self.options.cache_dir))
+        stack.enter_context(inductor_config.patch(freezing=self.options.freezing, cpp_wrapper=self.options.cpp_wrapper,
+                                                  fx_graph_cache=True))
         stack.enter_context(dynamo_config.patch(recompile_limit=max(dynamo_config.recompile_limit, len(self.sizes)),
                                                 fail_on_recompile_limit_hit=True))
         return stack

@@ -3,7 +3,8 @@
 torch-neuronx is torch_xla with a Neuron PJRT plugin: the device is an XLA device, graphs
 are compiled by neuronx-cc per static shape, so the tpu backend's buckets, runner and
 XLA gather attention serve it unchanged. What is Neuron's own: the probe (devices,
-torch_neuronx, compiler), the persistent compile cache, and NEURON_RT_VISIBLE_CORES per shard.
+torch_neuronx, compiler), the persistent compile cache (in the engine process's environment,
+process_environment), and NEURON_RT_VISIBLE_CORES per shard.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 
 from switchyard.backends.tpu.attention import XlaAttentionKernel
 from switchyard.backends.tpu.backend import XLA_ATTENTION_IMPL, TpuBackend
-from switchyard.core.backend import SINGLE_SHARD, AttentionKernel, AttentionSpec, Capabilities, ProbeResult, ShardInfo
+from switchyard.core.backend import AttentionKernel, AttentionSpec, Capabilities, ProbeResult, ShardInfo
 
 from .device import NeuronHost, NeuronProbe
 from .env import COMPILE_CACHE_VAR, compile_cache_url, neuron_shard_env
@@ -41,10 +42,14 @@ class NeuronBackend(TpuBackend):
         found = NeuronProbe.of(host)
         return ProbeResult(found.usable, found.reason())
 
-    def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
-        """The compiler and runtime read the cache location from the environment."""
-        os.environ[COMPILE_CACHE_VAR] = self.compile_cache
-        super().init_device(shard)
+    def process_environment(self, config) -> dict[str, str]:
+        """The compile cache location, merged with the present environment: neuronx-cc and the
+        Neuron runtime read it only from NEURON_COMPILE_CACHE_URL, so the engine process starts
+        with it (core/engine_process.py re-executes itself once when it differs; each shard
+        process gets it in neuron_shard_env). Asked whatever `config.runtime` says: it is where
+        compiled graphs are kept, not a tuning. An engine run inside this process (no engine
+        process) leaves the environment as it is, the SDK then keeping its own default."""
+        return {**os.environ, COMPILE_CACHE_VAR: self.compile_cache}
 
     def capabilities(self) -> Capabilities:
         # neuronx-cc handles float32 and bfloat16 graphs; blocks are gathered whole, any size

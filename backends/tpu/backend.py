@@ -12,19 +12,25 @@ import os
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities,
                                      ProbeResult, ShardInfo)
+from switchyard.core.distributed import init_process_group
+from switchyard.core.shard_group import ProcessShardLauncher
 
 from .attention import PallasAttentionKernel, XlaAttentionKernel
 from .buckets import ShapeBuckets
 from .env import tpu_shard_env
-from switchyard.core.shard_group import ProcessShardLauncher
 from .runner import StaticShapeRunner
 
 XLA_ATTENTION_IMPL = ("XLA gather attention: static token/request buckets, block table padded to "
                       "max_model_len, masked softmax (index_copy_ KV writes)")
+# Measured with torch-xla 2.9: an "xla" all_reduce between two PJRT_DEVICE=CPU processes
+# returned each process's own tensor (each is a world of one to PJRT's CPU client), and one
+# process's CPU devices only rendezvous as threads, which hung (../shared/reference/
+# accelerators_on_cpu.md, B4). Shards would compute silently wrong logits, so they are refused.
+PJRT_CPU_UNSHARDABLE = ("XLA collectives between PJRT CPU processes do not combine the shards' tensors "
+                        "(torch-xla: each process is a world of one); shards run on TPU chips")
 PALLAS_ATTENTION_IMPL = ("torch_xla ragged paged attention (Pallas TPU kernel) over static token/request "
                          "buckets (index_copy_ KV writes)")
 
@@ -72,17 +78,21 @@ class TpuBackend(Backend):
         return xr.device_type()
 
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
-        if shard.sharded and not dist.is_initialized():
-            import torch_xla.distributed.xla_backend  # noqa: F401  registers "xla"
+        """The XLA device of this process (its chip: tpu_shard_env), and when sharded the shard
+        group as every backend joins it (core.distributed): the data group over "xla" and the
+        gloo control group that carries each step."""
+        if shard.sharded:
+            import torch_xla.distributed.xla_backend  # noqa: F401  registers "xla" with torch.distributed
 
-            dist.init_process_group("xla", init_method="xla://")
+            init_process_group(shard, self.dist_backend)
         _ = self.device
 
     def capabilities(self) -> Capabilities:
         on_tpu = tpu_visible()
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(8, 16, 32, 64, 128),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=True,
-                            static_shapes=True, attention_impl=PALLAS_ATTENTION_IMPL if on_tpu else XLA_ATTENTION_IMPL)
+                            static_shapes=True, attention_impl=PALLAS_ATTENTION_IMPL if on_tpu else XLA_ATTENTION_IMPL,
+                            unshardable_reason="" if on_tpu else PJRT_CPU_UNSHARDABLE)
 
     def available_memory_bytes(self) -> int:
         if self.device_kind() == "CPU":
@@ -122,13 +132,6 @@ class TpuBackend(Backend):
     # -- shards ------------------------------------------------------------------------------
     def shard_env(self, shard: ShardInfo) -> Mapping[str, str]:
         return tpu_shard_env(shard)
-
-    def communicator(self):
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            from switchyard.backends.cpu.distributed import GlooCommunicator
-
-            return GlooCommunicator()  # plain torch.distributed calls, here over the "xla" group
-        return None
 
     def shard_launcher(self) -> ProcessShardLauncher:
         return ProcessShardLauncher(env_for=self.shard_env)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..backend import AttentionKernel, AttentionMetadata
+from ..backend_contract import AttentionKernel, AttentionMetadata
 
 
 class PagedAttention(nn.Module):

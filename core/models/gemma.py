@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
+from ..backend_contract import AttentionKernel, AttentionMetadata, AttentionSpec
 from ..layers import PagedAttention, RotaryEmbedding, apply_rotary, rope_parameters
 from ..layers.gelu import GeluAndMul
 from ..layers.offset_norm import OffsetRMSNorm
 from ..layers.parallel import (NO_TP, TensorParallel, VocabParallelEmbedding, merged_column_parallel,
                                parallel_lm_head, row_parallel)
 from ..layers.scaled_embedding import ScaledEmbedding, embedding_scale
+from .base import CausalLM
 from .llama import KernelFactory, LlamaForCausalLM, attention_shard, head_dim_of, layer_sliding_window
 
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
@@ -147,7 +148,7 @@ class GemmaModel(nn.Module):
         return self.norm(hidden)
 
 
-class GemmaForCausalLM(nn.Module):
+class GemmaForCausalLM(CausalLM):
     """Gemma 2 (model_type "gemma2") and Gemma 3 text ("gemma3_text"). Same contract as
     LlamaForCausalLM: build under `with torch.device(device):`, then `load_weights`."""
 
@@ -180,6 +181,9 @@ class GemmaForCausalLM(nn.Module):
     def decoder_layout(self) -> None:
         """Not the Llama decoder shape of core/models/layout.py: backends run its layers as written."""
         return None
+
+    def output_head(self) -> nn.Module:
+        return self.lm_head
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 [N, vocab], soft-capped when the config says so."""

@@ -16,11 +16,12 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
+from ..backend_contract import AttentionKernel, AttentionMetadata, AttentionSpec
 from ..layers import PagedAttention, RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, rope_parameters
 from ..layers.parallel import (NO_TP, TensorParallel, merged_column_parallel, parallel_embedding,
                                parallel_lm_head, row_parallel)
 from ..layers.rotary import apply_partial_rotary, rotary_dim
+from .base import CausalLM
 from .layout import DecoderLayout, LayerParts
 from .sharding import AttentionShard
 from .weights import load_checkpoint_weights
@@ -162,7 +163,7 @@ class LlamaModel(nn.Module):
         return self.norm(hidden)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Build it under `with torch.device(device):`; parameters start uninitialised
     (see core/layers/linear.py) and are filled by `load_weights` or dummy init.
     `tp`: this shard of a tensor-parallel group (default: the whole model)."""
@@ -186,6 +187,9 @@ class LlamaForCausalLM(nn.Module):
     def fit_context(self, max_model_len: int) -> None:
         """Called by the loader with the served context length (longrope picks its factors)."""
         self.model.rotary_emb.fit_context(max_model_len)
+
+    def output_head(self) -> nn.Module:
+        return self.lm_head
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -29,10 +29,11 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from ..backend import AttentionKernel, AttentionMetadata, AttentionSpec
+from ..backend_contract import AttentionKernel, AttentionMetadata, AttentionSpec
 from ..layers import Linear, PagedAttention
 from ..layers.parallel import NO_TP, TensorParallel
 from ..params import ValidationError
+from .base import CausalLM
 from .errors import UnsupportedModelError
 
 ATTENTION_NAME = "switchyard_paged"
@@ -168,7 +169,7 @@ def _logit_transform(config: Any):
     return transform
 
 
-class TransformersForCausalLM(nn.Module):
+class TransformersForCausalLM(CausalLM):
     """The interface of models/llama.py's LlamaForCausalLM around transformers' modules.
     Build it under `with torch.device(device):`; weights are loaded afterwards."""
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import AttentionKernel
+from ..backend_contract import AttentionKernel
 
 
 def write_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

@@ -100,6 +100,7 @@ class BackendContract:
         assert caps.dtypes and set(caps.dtypes) <= set(DTYPE_NAMES), caps.dtypes
         assert caps.block_sizes and all(isinstance(b, int) and b > 0 for b in caps.block_sizes), caps.block_sizes
         assert isinstance(caps.attention_impl, str) and caps.attention_impl.strip()
+        assert isinstance(caps.unshardable_reason, str)
         flags = (caps.mixed_prefill_decode, caps.prefix_caching, caps.graph_mode, caps.static_shapes)
         assert all(isinstance(flag, bool) for flag in flags)
 
@@ -148,7 +149,14 @@ class BackendContract:
         step = _in_backend_cache(backend, random_step(kernel.spec, lens, len(lens), seed=5, device=backend.device))
         garbage = replace(step.meta, query_start_loc_cpu=(7, 3), seq_lens_cpu=(1,) * 9,
                           max_seq_len=4 * block_size)  # a graph captures worst-case host values
-        assert torch.equal(self._run(kernel, step, garbage), self._run(kernel, step, step.meta))
+        name = type(kernel).__name__
+        try:
+            replayed = self._run(kernel, step, garbage)
+        except Exception as error:  # a kernel that reads the host values may crash on them: the same breach
+            raise AssertionError(f"{name} declares graph_safe but fails when the metadata's host tuples change "
+                                 f"({type(error).__name__}: {error})") from error
+        assert torch.equal(replayed, self._run(kernel, step, step.meta)), \
+            f"{name} declares graph_safe but its output depends on the metadata's host tuples"
 
     @staticmethod
     def _run(kernel, step: AttentionStep, meta) -> torch.Tensor:

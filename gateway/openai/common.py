@@ -44,7 +44,8 @@ class ResponseMeta:
 
     @classmethod
     def new(cls, id_prefix: str, object_name: str, model: str, service) -> ResponseMeta:
-        backend = getattr(service.client.info, "backend", "engine")
+        info = service.client.info  # None until the engine has started
+        backend = info.backend if info is not None else "engine"
         return cls(f"{id_prefix}-{uuid.uuid4().hex}", object_name, int(time.time()), model,
                    f"switchyard-{service.settings.version}-{backend}")
 

@@ -9,7 +9,7 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 
-from ..app import require_api_key
+from ..auth import require_api_key
 from ..errors import ErrorKind, GatewayError
 from .chat import create_chat_completion
 from .common import served_model_names

@@ -27,7 +27,7 @@ class Vocab:
 
     def __init__(self, tokenizer):
         self._strings = token_strings(tokenizer)
-        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
+        self.special_ids = frozenset(tokenizer.all_special_ids)
 
     def text(self, token_id: int) -> str:
         return self._strings.text(token_id)
@@ -69,7 +69,7 @@ class Sequence:
         """Take one output; returns its (token, top tokens) pairs. The output's text
         delta goes on its last token, so the token texts add up to the text."""
         if self.last is None:
-            self.prompt_logprobs = getattr(out, "prompt_logprobs", None)
+            self.prompt_logprobs = out.prompt_logprobs
         self.last = out
         self._text.append(out.new_text)
         pairs = []

@@ -17,8 +17,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ..app import health_response, require_api_key
+from ..auth import require_api_key
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
+from ..health import health_response
 from ..openai.chat import create_chat_completion
 from ..openai.completions import create_completion
 from ..openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -42,8 +43,8 @@ def _service(request: Request) -> GenerationService:
 
 
 def _compute_type(service: GenerationService) -> str:
-    info = getattr(service.client, "info", None)
-    return getattr(info, "backend", None) or "unknown"
+    info = service.client.info  # None until the engine has started
+    return info.backend if info is not None else "unknown"
 
 
 async def _submit(service: GenerationService, inputs: str, parameters: GenerateParameters, stream: bool):
@@ -173,7 +174,7 @@ async def info(request: Request) -> SafeJSONResponse:
     """TGI's Info, plus a few fields of ours."""
     service = _service(request)
     settings = service.settings
-    engine = getattr(service.client, "info", None)
+    engine = service.client.info  # None until the engine has started
     limits = service.limits if engine is not None else None
     return SafeJSONResponse({
         "model_id": settings.model_id, "model_sha": None, "model_pipeline_tag": None,

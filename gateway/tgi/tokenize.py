@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..app import require_api_key
+from ..auth import require_api_key
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
 from ..service import GenerationService
 from .body import json_object, parse

@@ -16,6 +16,7 @@ from switchyard.core.request import Request
 from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
 
 MiB = 2**20
+CUDA_KERNEL = None  # CpuCudaBackend(kernel=CUDA_KERNEL): the CUDA backend's own attention kernels
 
 
 class FakeGraph:
@@ -90,7 +91,10 @@ class DeviceReferenceKernel(AttentionKernel):
 
 
 class CpuCudaBackend(CudaBackend):
-    """The CUDA backend's logic on the CPU, over a fake device."""
+    """The CUDA backend's logic on the CPU, over a fake device. `kernel(spec)` makes its
+    attention kernels (default: DeviceReferenceKernel, fast); CUDA_KERNEL (None) keeps the
+    CUDA backend's own choice (CudaBackend.attention: flash-attn where it is installed, else
+    its Triton kernel, which a CPU runs under TRITON_INTERPRET=1)."""
 
     name = "cuda-on-cpu"
 
@@ -109,6 +113,8 @@ class CpuCudaBackend(CudaBackend):
         return replace(caps, block_sizes=(4,) + caps.block_sizes)
 
     def attention(self, spec):
+        if self._kernel is CUDA_KERNEL:
+            return super().attention(spec)
         return self._kernel(spec)
 
 

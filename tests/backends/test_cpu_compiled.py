@@ -129,6 +129,29 @@ def test_a_second_start_reuses_the_compile_cache(cache_root, compiled):
     assert again.compiled_sizes == (2, 4) and after == before  # nothing new was built
 
 
+def test_the_cache_directory_is_set_for_the_compile_only(cache_root, compiled, monkeypatch, tmp_path):
+    """Inductor reads its cache location from the environment: the configured one is in effect
+    while the buckets compile, and the process's own value is back afterwards."""
+    users_own = tmp_path / "users-own"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(users_own))
+    seen = []
+    real_compile = compiled_module.torch.compile
+
+    def watching_compile(function, **kwargs):
+        graph = real_compile(function, **kwargs)
+
+        def run(*args):
+            seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+            return graph(*args)
+        return run
+
+    monkeypatch.setattr(compiled_module.torch, "compile", watching_compile)
+    runner = make_engine(cache_root).runner
+    assert runner.compiled_sizes == (2, 4)
+    assert set(seen[:2]) == {os.path.join(str(cache_root), "inductor")}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(users_own)
+
+
 def test_a_failed_compilation_runs_eager_and_says_why(cache_root, eager, monkeypatch, caplog):
     def broken_compile(function, **kwargs):
         def run(*args):

@@ -1,6 +1,6 @@
-"""Shared by the model and loader tests: a CPU Backend over the reference attention
-kernel, flat ragged batches built by hand, random weights that show mistakes, and the
-comparisons with transformers (logits of a ragged chunked batch, greedy generation)."""
+"""Shared by the model and loader tests: the reference backend (core/testing), flat ragged
+batches built by hand, random weights that show mistakes, and the comparisons with
+transformers (logits of a ragged chunked batch, greedy generation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,29 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM
 
-from switchyard.core.backend import AttentionMetadata, Backend, Capabilities, ProbeResult
-from switchyard.core.ops import ReferenceAttentionKernel
-
-
-class ReferenceBackend(Backend):
-    name = "reference-test"
-
-    @classmethod
-    def probe(cls) -> ProbeResult:
-        return ProbeResult(True, "tests only")
-
-    def capabilities(self) -> Capabilities:
-        return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(4, 16))
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
-    def available_memory_bytes(self) -> int:
-        return 1 << 30
-
-    def attention(self, spec):
-        return ReferenceAttentionKernel(spec)
+from switchyard.core.backend import AttentionMetadata
+from switchyard.core.testing import ReferenceBackend  # noqa: F401 - the model tests' backend, re-exported
 
 
 def randomize(model: torch.nn.Module, seed: int = 1) -> None:

@@ -55,7 +55,7 @@ def test_a_killed_shard_is_shard_terminated_and_shutdown_leaves_no_process(tiny_
 
 def test_a_backend_without_a_dist_backend_cannot_shard(tiny_llama):
     config = EngineConfig(model=ModelConfig(model=tiny_llama), parallel=ParallelConfig(tensor_parallel_size=2))
-    with pytest.raises(ValueError, match="backend 'reference-test' cannot shard"):
+    with pytest.raises(ValueError, match="backend 'reference' cannot shard"):
         EngineCore(config, backend=ReferenceBackend())
 
 

@@ -3,6 +3,8 @@ probe verdicts, the compile cache location, the launcher's per-shard environment
 static shape buckets it shares with tpu. No torch_xla needed: runs in the main environment."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from switchyard.backends.neuron import NeuronBackend
@@ -11,6 +13,7 @@ from switchyard.backends.neuron.env import compile_cache_url, neuron_shard_env, 
 from switchyard.backends.tpu.buckets import ShapeBuckets
 from switchyard.core.shard_group import ProcessShardLauncher
 from switchyard.core.backend import ShardInfo
+from switchyard.core.config import EngineConfig
 from switchyard.core.plugins import discover_backends
 
 
@@ -62,14 +65,17 @@ def test_compile_cache_configured_then_standard_variable_then_sdk_default():
     assert compile_cache_url(None, {}) == DEFAULT_COMPILE_CACHE
 
 
-def test_compile_cache_is_reported_and_exported_for_the_compiler(monkeypatch, tmp_path):
+def test_compile_cache_is_reported_and_given_to_the_engine_process_not_written_here(monkeypatch, tmp_path):
     monkeypatch.delenv("NEURON_COMPILE_CACHE_URL", raising=False)
+    monkeypatch.setenv("SOME_USER_SETTING", "kept")
     backend = NeuronBackend(compile_cache=str(tmp_path), host=FakeHost())
     assert str(tmp_path) in backend.capabilities().attention_impl
+    for runtime in ("tuned", "plain"):  # the cache is where graphs are kept, not a tuning
+        wanted = backend.process_environment(EngineConfig(runtime=runtime))
+        assert wanted["NEURON_COMPILE_CACHE_URL"] == str(tmp_path) and wanted["SOME_USER_SETTING"] == "kept"
     monkeypatch.setattr("switchyard.backends.tpu.backend.TpuBackend.init_device", lambda self, shard=None: None)
     backend.init_device()
-    import os
-    assert os.environ["NEURON_COMPILE_CACHE_URL"] == str(tmp_path)
+    assert "NEURON_COMPILE_CACHE_URL" not in os.environ  # nothing is written into a running process
 
 
 def test_visible_cores_per_shard():

@@ -1,0 +1,224 @@
+"""The backend contract: the types a hardware plugin and the engine core share, and
+`BackendInterface`, what the code that builds and runs models (loader, runner, shards)
+asks of a backend.
+
+Nothing here imports core's implementations or vendor code, so every module of core may
+import it. The class a backend subclasses is `Backend` (core/backend.py): this interface
+plus the hooks over a loaded model and the engine's default implementations of the hooks.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol
+
+import torch
+
+from .config import CacheConfig, EngineConfig
+
+# Share of available_memory_bytes() the KV cache takes when CacheConfig.memory_fraction is None.
+DEFAULT_MEMORY_FRACTION = 0.3
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    usable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can serve. The engine refuses a dtype or block size outside these
+    lists and turns off prefix caching / mixed steps a backend cannot do (capabilities.py)."""
+
+    dtypes: tuple[str, ...]
+    block_sizes: tuple[int, ...]
+    mixed_prefill_decode: bool = True
+    prefix_caching: bool = True
+    graph_mode: bool = False
+    static_shapes: bool = False
+    attention_impl: str = ""  # which kernel and why, printed by `switchyard backends`
+    # What `--dtype auto` (the CLI's default) becomes on this backend; must be one of dtypes.
+    preferred_dtype: str = "float32"
+    # `--quantize` values this backend runs (e.g. "int8", "int4", "gguf"); others are refused.
+    quantizations: tuple[str, ...] = ()
+    # The process runtime its engine process asks for (Backend.process_environment): allocator,
+    # OpenMP runtime, threads; printed by `switchyard backends`. "" = nothing asked.
+    runtime: str = ""
+    # Why this backend cannot run a model in shards here (--num-shard > 1 is refused with it,
+    # in one line); "" = it can, given a dist_backend.
+    unshardable_reason: str = ""
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    scale: float
+    dtype: torch.dtype = torch.float32
+    sliding_window: int | None = None  # attend to at most this many most recent keys
+    soft_cap: float | None = None  # logits -> soft_cap * tanh(logits / soft_cap)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step layout of the flat token batch (no padding between requests).
+
+    Requests are ordered decodes first (query length 1), then prompt chunks.
+    """
+
+    query_start_loc: torch.Tensor  # [B + 1] int32: where each request's tokens start
+    seq_lens: torch.Tensor  # [B] int32: context length after this step's tokens
+    block_table: torch.Tensor  # [B, max_blocks] int32, padded with 0 (reserved block)
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
+    num_decodes: int  # the first num_decodes requests have exactly one query token
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: tuple[int, ...]
+    seq_lens_cpu: tuple[int, ...]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+class AttentionKernel(ABC):
+    """Paged attention for one layer shape. KV cache, per layer, indexed as
+    [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values); its memory
+    layout (strides) is the backend's, from Backend.allocate_kv_cache."""
+
+    # True when forward() on a decode-only batch reads only the metadata's device tensors and
+    # shapes (never its host tuples), so a graph-mode runner may capture and replay its launches.
+    graph_safe: ClassVar[bool] = False
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+
+    @abstractmethod
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        """Scatter new keys/values [T, num_kv_heads, head_dim] into their slots."""
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Causal attention of query [T, num_heads, head_dim] over each request's
+        cached prefix plus its new tokens; returns [T, num_heads, head_dim]."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Where one shard runs: its global rank of world_size, its index among this machine's
+    shards (the device it drives, LOCAL_RANK), and the torch.distributed rendezvous."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    local_world_size: int = 1  # shards on this machine (e.g. how many share its CPU cores)
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+
+SINGLE_SHARD = ShardInfo()
+
+
+class Communicator(Protocol):
+    """Collectives among the shards of one model (in place where the name says so)."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
+
+
+class ShardGroup(Protocol):
+    """Processes started by a ShardLauncher."""
+
+    def failure(self) -> str | None:
+        """None while every shard runs; else which shard ended and how (its last error)."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate every shard (SIGTERM, then SIGKILL after timeout) and reap it."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits up to timeout (None: forever) for every shard to end; True when all have."""
+
+
+class ShardLauncher(Protocol):
+    def start(self, shards: Sequence[ShardInfo], target: Callable[..., None], args: tuple = ()) -> ShardGroup:
+        """Start one process per ShardInfo running target(shard, *args); returns at once."""
+
+
+class BackendInterface(ABC):
+    """One hardware family, as the model-building code sees it. Subclass `Backend`
+    (core/backend.py), which implements the hooks marked abstract here that have defaults.
+    Subclasses set `name` and `priority` (higher wins when several are usable and none was
+    asked for)."""
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 0
+    # torch.distributed backend its shards talk over ("gloo", "nccl", "xccl"); None = one shard only
+    dist_backend: ClassVar[str | None] = None
+    # The attention kernel `switchyard backends` names when the backend is not usable here
+    # (capabilities() is only asked of usable ones, whose attention_impl it then prints).
+    planned_attention_impl: ClassVar[str] = ""
+
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> ProbeResult:
+        """Cheap, no device context, never raises."""
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    def process_environment(self, config: EngineConfig) -> dict[str, str]:
+        """Environment variables the engine process must start with to run this backend well
+        (preloaded libraries, OpenMP settings, a setting a library reads only from its
+        environment), already merged with the present os.environ so that a user's own values
+        stay. Asked by the engine process (core/engine_process.py) right after it selects the
+        backend, before anything is loaded: when they are not in effect it re-executes itself
+        once with them, and the shard processes it starts inherit them.
+        `config.runtime == "plain"` asks for no tuning. Cheap, no device context. The default
+        asks for nothing."""
+        return {}
+
+    @abstractmethod
+    def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
+        """Create the device context for shard.local_rank, and join the shard group
+        (core.distributed.init_process_group, which also makes the control group) when
+        shard.sharded. Called once per process, before loading."""
+
+    @abstractmethod
+    def available_memory_bytes(self) -> int:
+        """Memory the KV cache may be sized from, measured after weights are loaded."""
+
+    @abstractmethod
+    def attention(self, spec: AttentionSpec) -> AttentionKernel: ...
+
+    def num_kv_blocks(self, bytes_per_block: int, cache: CacheConfig) -> int:
+        """KV capacity in blocks when the configuration names none. Default: memory_fraction
+        (DEFAULT_MEMORY_FRACTION when None) of available_memory_bytes(), at most max_auto_blocks."""
+        fraction = DEFAULT_MEMORY_FRACTION if cache.memory_fraction is None else cache.memory_fraction
+        budget = int(self.available_memory_bytes() * fraction)
+        return max(2, min(cache.max_auto_blocks, budget // bytes_per_block))
+
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
+        shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        return [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(num_layers)]
+
+    @abstractmethod
+    def communicator(self) -> Communicator | None:
+        """Collectives of this process's shard group; None when not sharded."""
+
+    @abstractmethod
+    def shard_launcher(self) -> ShardLauncher | None:
+        """Starts this backend's shard processes; None when it cannot shard (dist_backend None)."""

@@ -1,0 +1,51 @@
+"""`CausalLM`: what every model class declares to the loader, the runner and the backends.
+
+Native models (llama.py, gemma.py and their subclasses) and the transformers fallback
+(transformers_fallback.py) subclass it. Built under `with torch.device(device):` from
+(hf_config, make_kernel, block_size, dtype, tp), weights loaded afterwards by load_weights.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..backend_contract import AttentionMetadata, AttentionSpec
+from .layout import DecoderLayout
+
+
+class CausalLM(nn.Module, ABC):
+    """A causal language model over the paged KV cache. Subclasses set `attention_specs`
+    (one AttentionSpec per layer) in __init__."""
+
+    attention_specs: list[AttentionSpec] | tuple[AttentionSpec, ...]
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] (the model dtype)."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, vocab] (select the rows you need first)."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
+        """Copy (checkpoint name, tensor) pairs into the parameters; returns the names loaded."""
+
+    def decoder_layout(self) -> DecoderLayout | None:
+        """This model's decoder as core/models/layout.py declares it, for backends that run
+        those layers their own way; None (the default): run the layers as written."""
+        return None
+
+    def output_head(self) -> nn.Module | None:
+        """The output projection as one of core's Linear layers, which --quantize treats as the
+        head (core/quant/apply.py); None (the default) when the model has no such layer."""
+        return None
+
+    def fit_context(self, max_model_len: int) -> None:
+        """Called by the loader with the served context length (e.g. longrope picks its
+        factors for it). The default needs nothing."""
