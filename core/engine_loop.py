@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .engine_channel import Channel
 from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
-from .errors import EngineDeadError, ShardTerminated
+from .errors import BackendError, EngineDeadError, ShardTerminated
 from .output_processor import OutputProcessor
 from .request import FinishReason, Request
 
@@ -32,6 +32,10 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
     `Ready` (or `StartupFailed`), then run the loop until `Stop` or the owner goes away."""
     try:
         engine, tokenizer = engine_factory()
+    except BackendError as exc:  # the configuration does not fit this backend (e.g. its KV cache): one line
+        logger.error("engine start-up refused: %s", exc)
+        channel.send(StartupFailed(portable(exc)))
+        return
     except BaseException as exc:  # noqa: BLE001 - reported to the owner, which exits
         logger.exception("engine start-up failed")
         channel.send(StartupFailed(portable(exc)))

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-import os
-import signal
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -21,8 +18,9 @@ from switchyard.core.client import EngineClient
 from switchyard.core.params import ValidationError
 
 from .drain import Drain, StreamDrain
-from .errors import ErrorKind, GatewayError, InternalErrors, SafeJSONResponse, dialect_for_path, from_http_status
+from .errors import ErrorKind, GatewayError, InternalErrors, dialect_for_path, from_http_status
 from .guard import BodyGuard
+from .health import health_response
 from .metrics import Metrics
 from .service import GenerationService
 from .settings import ServerSettings
@@ -38,7 +36,7 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         client.start()
-        watcher = asyncio.create_task(_exit_on_engine_failure(client))
+        watcher = asyncio.create_task(_report_engine(client))
         try:
             yield
         finally:
@@ -63,32 +61,19 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     return app
 
 
-async def _exit_on_engine_failure(client: EngineClient) -> None:
-    """The server answers /health with 503 while the model loads; if loading fails, or the
-    engine later dies (its process ended, a shard terminated), it stops (as on SIGTERM:
-    streams in flight have had their error event) and `switchyard serve` exits non-zero."""
+async def _report_engine(client: EngineClient) -> None:
+    """Logs when the engine is ready, and why it failed (at start-up or later). The server
+    answers 503 meanwhile; `switchyard serve` stops on the failure (serve.DrainingServer)."""
     try:
         await client.wait_ready()
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - logged, then the process stops
+    except BaseException as exc:  # noqa: BLE001 - logged; the server stops on client.failure
         logger.error("the engine failed to start: %s", exc)
-        os.kill(os.getpid(), signal.SIGTERM)
         return
     logger.info("ready: serving %s", client.info.backend if client.info else "")
     error = await client.wait_failure()
-    logger.error("the engine stopped serving, exiting: %s", error)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def require_api_key(request: Request) -> None:
-    """Dependency of every inference route: `Authorization: Bearer <--api-key>`."""
-    key = request.app.state.settings.api_key
-    if key is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
-        raise GatewayError(ErrorKind.AUTHENTICATION, "invalid or missing API key (Authorization: Bearer ...)")
+    logger.error("the engine stopped serving: %s", error)
 
 
 def _install_body_checks(app: FastAPI, settings: ServerSettings) -> Drain:
@@ -142,13 +127,6 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 _HTTP_MESSAGES = {404: "no such route", 400: "the body could not be read"}
-
-
-def health_response(client: EngineClient) -> Response:
-    """200 once warmed up; TGI's 503 body before that (/health, /ping, GET /)."""
-    if not client.ready:
-        return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503)
-    return Response(status_code=200)
 
 
 def _install_common_routes(app: FastAPI, service: GenerationService, metrics: Metrics) -> None:

@@ -41,6 +41,7 @@ class ErrorKind(enum.Enum):
 
 
 RETRY_AFTER_SECONDS = 1
+_RETRIED_KINDS = (ErrorKind.OVERLOADED, ErrorKind.UNAVAILABLE)  # answered with a Retry-After header
 
 
 class GatewayError(Exception):
@@ -56,7 +57,7 @@ class GatewayError(Exception):
 
     @property
     def headers(self) -> dict[str, str] | None:
-        if self.kind is ErrorKind.OVERLOADED:
+        if self.kind in _RETRIED_KINDS:  # busy, loading, a compile worker starting, shutting down
             return {"retry-after": str(RETRY_AFTER_SECONDS), **(self._headers or {})}
         return self._headers
 

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
+import threading
 from collections.abc import Mapping
 
 import uvicorn
@@ -40,17 +42,21 @@ _SERVE_FLAGS = [
      "most prompt + generated tokens of one request (default: the model's context length)"),
     ("--max-batch-prefill-tokens", ("MAX_BATCH_PREFILL_TOKENS",), int, 2048, "token budget of one step"),
     ("--max-batch-total-tokens", ("MAX_BATCH_TOTAL_TOKENS",), int, None,
-     "KV cache capacity in tokens (default: sized from free memory at warm-up)"),
+     "KV cache capacity in tokens (default: CPU, what --max-batch-size requests of the whole context can hold, "
+     "at most 16,384 tokens (or one whole-context request) or --kv-cache-memory; GPU, what "
+     "--cuda-memory-fraction leaves)"),
     ("--max-batch-size", ("MAX_BATCH_SIZE",), int, 256, "most requests in the running batch"),
     ("--max-stop-sequences", ("MAX_STOP_SEQUENCES",), int, 4, "most stop sequences per request"),
     ("--max-top-n-tokens", ("MAX_TOP_N_TOKENS",), int, 5, "most top_n_tokens / top_logprobs"),
     ("--max-best-of", ("MAX_BEST_OF",), int, 2, "largest best_of"),
     ("--max-client-batch-size", ("MAX_CLIENT_BATCH_SIZE",), int, 4, "most prompts in one request"),
-    ("--revision", ("REVISION",), str, None, "model revision (Hugging Face cache)"),
-    ("--api-key", ("API_KEY",), str, None, "require Authorization: Bearer <key> on inference routes"),
+    ("--revision", ("REVISION",), str, None, "model revision in the Hugging Face cache (default: main)"),
+    ("--api-key", ("API_KEY",), str, None,
+     "require Authorization: Bearer <key> on inference routes (default: none, every route open)"),
     ("--payload-limit", ("PAYLOAD_LIMIT",), int, 2_000_000, "largest request body in bytes"),
     ("--cuda-memory-fraction", ("CUDA_MEMORY_FRACTION",), float, None,
-     "fraction of free device memory the KV cache may take"),
+     "GPUs: the fraction of the device's memory this process may use; the KV cache gets what the weights and "
+     "a largest step leave of it (default: 1.0, as TGI)"),
     ("--num-shard", ("NUM_SHARD",), int, 1, "number of shards (tensor parallelism), over every node"),
     # one `switchyard serve` per machine; the standard rendezvous variables are the defaults
     # (a job with one task per node sets WORLD_SIZE = nodes and RANK = this node's index)
@@ -69,9 +75,11 @@ _SERVE_FLAGS = [
     ("--cuda-graphs", ("CUDA_GRAPHS",), str, None,
      "comma-separated decode batch sizes to capture as CUDA graphs (CPU: to compile); 0 = none "
      "(default: the backend's buckets)"),
-    ("--served-model-name", ("SERVED_MODEL_NAME",), str, None, "name reported in /info and /v1/models"),
+    ("--served-model-name", ("SERVED_MODEL_NAME",), str, None,
+     "name reported in /info and /v1/models (default: the model id)"),
     ("--chat-template", ("CHAT_TEMPLATE",), str, None,
-     "Jinja chat template file for chat routes (a base model has none; replaces the tokenizer's)"),
+     "Jinja chat template file for chat routes, replacing the tokenizer's (default: the tokenizer's; a base "
+     "model has none)"),
     ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
      "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
     ("--grammar-max-spec-bytes", ("GRAMMAR_MAX_SPEC_BYTES",), int, GrammarConfig.max_spec_bytes,
@@ -82,8 +90,9 @@ _SERVE_FLAGS = [
      "bytes of compiled grammars kept"),
     ("--grammar-compile-timeout", ("GRAMMAR_COMPILE_TIMEOUT",), float, GrammarConfig.compile_timeout_s,
      "seconds one grammar may compile; a slower one is killed and its request fails"),
-    ("--grammar-workers", ("GRAMMAR_WORKERS",), int, GrammarConfig.num_compile_workers,
-     "low-priority grammar compile processes"),
+    ("--grammar-workers", ("GRAMMAR_WORKERS",), int, None,
+     "low-priority grammar compile processes for grammars of any size (default: 2, or 1 on a single core); "
+     "one more, started ahead, takes only small ones, so they never wait behind heavy compiles"),
 ]
 GRAMMAR_BACKENDS = ("xgrammar", "outlines")
 _SERVE_SWITCHES = [
@@ -127,6 +136,8 @@ def _check_supported(args: argparse.Namespace) -> None:
         raise ValidationError(f"--max-batch-total-tokens ({args.max_batch_total_tokens}) must be at least "
                               f"--max-total-tokens ({args.max_total_tokens}): one request of that length "
                               "would not fit in the KV cache and would be cut")
+    if args.grammar_workers is not None and args.grammar_workers < 1:
+        raise ValidationError(f"--grammar-workers must be at least 1, got {args.grammar_workers}")
     if args.grammar_backend not in GRAMMAR_BACKENDS:
         raise ValidationError(f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}; "
                               f"got {args.grammar_backend!r}")
@@ -141,6 +152,7 @@ def engine_config(args: argparse.Namespace):
     if num_blocks is None and args.max_batch_total_tokens is not None:
         num_blocks = _num_blocks_within(args.max_batch_total_tokens, block_size)
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction,
+                        kv_cache_memory=args.kv_cache_memory,
                         enable_prefix_caching=not args.disable_prefix_caching)
     return EngineConfig(
         # vLLM's --enforce-eager: no prepared decode steps of any kind (CUDA graphs, CPU C++ layers or graphs)
@@ -217,6 +229,10 @@ def _display_name(model: str | None) -> str:
 
 
 def run_server(args: argparse.Namespace) -> int:
+    """Listens at once (503 while the engine loads) and serves until SIGTERM / SIGINT or the
+    engine fails: 0 after a signal, 1 after an engine or shard death or a failed load. A model
+    the engine refuses before loading it (unknown, unsupported) is raised: a one-line user
+    error (cli.py, exit status 2)."""
     from .app import create_app
     from .logs import configure_logging, uvicorn_log_config
 
@@ -225,22 +241,60 @@ def run_server(args: argparse.Namespace) -> int:
     if config.parallel.node_rank > 0:
         return _run_shard_node(config)
     settings = server_settings(args)
+    # the port accepts from here on (a connection waits in its backlog the second until the app
+    # answers it), and one already taken is said before any engine starts
+    sock = listening_socket(settings.hostname, settings.port)
     client = make_engine_client(config, args.json_output)
     client.start()
     try:
-        # an unknown or unsupported model is a user error before the server starts
-        logger.info("model %s", client.wait_model_checked())
-        app = create_app(settings, client)
+        threading.Thread(target=_log_model, args=(client,), name="switchyard-model-check", daemon=True).start()
+        app = create_app(settings, client)  # imports the routes: most of the gateway's start-up
         server_config = uvicorn.Config(app, host=settings.hostname, port=settings.port,
                                        log_config=uvicorn_log_config(args.json_output),
                                        timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
-        DrainingServer(server_config, app.state.drain).run()
+        DrainingServer(server_config, app.state.drain, engine=client).run(sockets=[sock])
     finally:
+        sock.close()
         asyncio.run(client.shutdown())  # the engine process and its workers end with us
-    if client.failure is not None:
-        logger.error("exiting: %s", client.failure)
-        return 1
-    return 0
+    return _exit_status(client)
+
+
+_BACKLOG = 2048  # uvicorn's default
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port and listening (uvicorn then serves it, as its own
+    Config.bind_socket would have made it); a port that cannot be had is a user error."""
+    from switchyard.core.params import ValidationError
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ValidationError(f"cannot listen on {host}:{port} (--hostname, --port): {exc.strerror or exc}") from None
+    where = f"[{host}]" if ":" in host else host
+    logger.info("listening on http://%s:%d (503 until the model is loaded)", where, sock.getsockname()[1])
+    return sock
+
+
+def _log_model(client) -> None:
+    """Logs what the engine process found (the model check comes seconds after the port opens)."""
+    try:
+        logger.info("model %s", client.wait_model_checked())
+    except BaseException:  # noqa: BLE001 - the failure is the server's exit status (_exit_status)
+        pass
+
+
+def _exit_status(client) -> int:
+    if client.failure is None:
+        return 0
+    if client.model_description is None and client.startup_error is not None:
+        raise client.startup_error  # refused before loading: the user's to fix
+    logger.error("exiting: %s", client.failure)
+    return 1
 
 
 def _run_shard_node(config) -> int:
@@ -253,15 +307,28 @@ def _run_shard_node(config) -> int:
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server that also starts the app's stream drain (gateway/drain.py) when
-    SIGTERM or SIGINT arrives, so open streams end properly before uvicorn's deadline."""
+    SIGTERM or SIGINT arrives, so open streams end properly before uvicorn's deadline; and,
+    given its `engine` (an EngineClient), stops the same way once the engine fails. That stop
+    is no signal: uvicorn re-raises a signal it caught once drained, which would end the
+    process by SIGTERM (status -15) where an engine death must exit non-zero (status 1, so a
+    supervisor's Restart=on-failure restarts it)."""
 
-    def __init__(self, config: uvicorn.Config, drain):
+    def __init__(self, config: uvicorn.Config, drain, engine=None):
         super().__init__(config)
         self._drain = drain
+        self._engine = engine
 
     def handle_exit(self, sig, frame) -> None:
         self._drain.begin()
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        """Every 0.1 s: also stop once the engine has failed (its streams already have their error)."""
+        if self._engine is not None and self._engine.failure is not None and not self.should_exit:
+            logger.info("stopping the server: the engine is not serving (see above)")
+            self._drain.begin()
+            self.should_exit = True
+        return await super().on_tick(counter)
 
 
 def make_engine_client(config, json_output: bool = False):

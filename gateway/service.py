@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from switchyard.core.chat_template import ChatTemplateError, render_chat
 from switchyard.core.client import EngineClient, EngineDeadError, RequestStream
+from switchyard.core.grammar import GrammarUnavailable
 from switchyard.core.params import SamplingParams, ValidationError
 from switchyard.core.request import FinishReason, Request, RequestOutput
 
@@ -91,6 +92,17 @@ async def _client_gone(http_request) -> None:
         pass
 
 
+def engine_error(exc: EngineDeadError | ValidationError) -> GatewayError:
+    """What the engine's refusal or failure of a request is for its client: a grammar the
+    server could not compile just now is a 503, any other ValidationError (the request's
+    limits, a grammar that does not compile) the client's to fix, a failed step a generation error."""
+    if isinstance(exc, GrammarUnavailable):
+        return GatewayError(ErrorKind.UNAVAILABLE, str(exc))
+    if isinstance(exc, ValidationError):
+        return GatewayError(ErrorKind.VALIDATION, str(exc), exc.param)
+    return GatewayError(ErrorKind.GENERATION, str(exc))
+
+
 class GenerationService:
     def __init__(self, client: EngineClient, settings: ServerSettings, metrics: Metrics):
         self.client = client
@@ -122,8 +134,15 @@ class GenerationService:
         return Admission(self)
 
     def require_ready(self) -> None:
+        """503 (with Retry-After) unless the engine serves: still loading, or stopped for good."""
+        if self.client.failure is not None:
+            raise self.engine_stopped()
         if not self.client.ready:
             raise GatewayError(ErrorKind.UNAVAILABLE, "the model is still loading")
+
+    def engine_stopped(self) -> GatewayError:
+        """The engine died or failed to load: the server is exiting (a supervisor restarts it)."""
+        return GatewayError(ErrorKind.UNAVAILABLE, f"the engine stopped: {self.client.failure}")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -174,10 +193,12 @@ class GenerationService:
                 request.arrival_time = arrival_time
         try:
             streams = await self.client.add_requests(requests)
-        except ValidationError as exc:
-            raise GatewayError(ErrorKind.VALIDATION, str(exc), exc.param) from exc
         except EngineDeadError as exc:
-            raise GatewayError(ErrorKind.GENERATION, str(exc)) from exc
+            if self.client.failure is not None:  # died before taking them
+                raise self.engine_stopped() from exc
+            raise engine_error(exc) from exc
+        except ValidationError as exc:
+            raise engine_error(exc) from exc
         for request in requests:
             self.metrics.request_input_length.observe(request.num_prompt_tokens)
             if request.sampling_params.max_tokens is not None:
@@ -200,10 +221,8 @@ class GenerationService:
                 logprobs.extend(out.logprobs or ())
                 top.extend(out.top_logprobs or ())
                 last = out
-        except EngineDeadError as exc:
-            raise GatewayError(ErrorKind.GENERATION, str(exc)) from exc
-        except ValidationError as exc:  # a grammar that failed to compile after submission
-            raise GatewayError(ErrorKind.VALIDATION, str(exc), exc.param) from exc
+        except (EngineDeadError, ValidationError) as exc:  # e.g. a grammar that failed after submission
+            raise engine_error(exc) from exc
         finally:
             stream.abort()
         self.record(stream, last)
@@ -241,10 +260,8 @@ class GenerationService:
                 index, item = await queue.get()
                 if item is None:
                     remaining -= 1
-                elif isinstance(item, EngineDeadError):
-                    raise GatewayError(ErrorKind.GENERATION, str(item)) from item
-                elif isinstance(item, ValidationError):  # a grammar that failed to compile after submission
-                    raise GatewayError(ErrorKind.VALIDATION, str(item), item.param) from item
+                elif isinstance(item, (EngineDeadError, ValidationError)):  # e.g. a grammar that failed
+                    raise engine_error(item) from item
                 elif isinstance(item, BaseException):
                     raise item
                 else:

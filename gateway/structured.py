@@ -6,7 +6,8 @@ for references outside itself (refused: nothing is ever fetched, and a backend w
 them unconstrained), then against JSON Schema's 2020-12 meta-schema; a regex by Python's `re`. Then by the engine's compile (`compiled`), which knows what
 its backend supports (a schema feature it lacks, a regex construct it cannot turn
 into an automaton, a compile past its time limit). Either failure is a VALIDATION
-error naming the request's param: a 400 on OpenAI routes, a 422 on TGI's.
+error naming the request's param: a 400 on OpenAI routes, a 422 on TGI's. A compile the
+server could not run (GrammarUnavailable: no worker started in time) is a 503 instead.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import re
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from switchyard.core.grammar import GrammarError, GrammarSpec
+from switchyard.core.errors import EngineDeadError
+from switchyard.core.grammar import GrammarError, GrammarSpec, GrammarUnavailable
 
-from .errors import invalid
+from .errors import ErrorKind, GatewayError, invalid
 from .settings import ServerSettings
 
 # characters with a meaning in a regex; everything else stands for itself (re.escape
@@ -119,9 +121,15 @@ def tgi_grammar_spec(kind: str, value, param: str) -> GrammarSpec:
 
 async def compiled(client, spec: GrammarSpec, param: str) -> GrammarSpec:
     """Compile `spec` before the request is submitted, so that a grammar the engine
-    cannot honour is a synchronous 4xx naming `param` rather than a failed stream."""
+    cannot honour is a synchronous 4xx naming `param` rather than a failed stream; one
+    the server could not compile just now (no worker started, the engine stopping) is a
+    503 with Retry-After, which blames nothing in the request."""
     try:
         await client.compile_grammar(spec)
+    except GrammarUnavailable as exc:
+        raise GatewayError(ErrorKind.UNAVAILABLE, str(exc)) from exc
     except GrammarError as exc:
         raise invalid(str(exc), param) from exc
+    except EngineDeadError as exc:
+        raise GatewayError(ErrorKind.UNAVAILABLE, str(exc)) from exc
     return spec

@@ -1,16 +1,16 @@
 """Grammar-constrained decoding: specs, compilers (outlines-core, xgrammar), matchers.
 
-The gateway imports this package for `GrammarSpec` / `GrammarError` (spec.py) and must not
-load torch: the engine-side names (matchers, masks, the compile service, which need torch)
-are imported on first use through PEP 562's module `__getattr__`, from the fixed table
-`_ENGINE_SIDE` below (a declared list, not discovery)."""
+The gateway imports this package for `GrammarSpec`, `GrammarError` and `GrammarUnavailable`
+(spec.py) and must not load torch: the engine-side names (matchers, masks, the compile
+service, which need torch) are imported on first use through PEP 562's module `__getattr__`,
+from the fixed table `_ENGINE_SIDE` below (a declared list, not discovery)."""
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
 
 from ..config import GrammarConfig
-from .spec import GrammarError, GrammarSpec
+from .spec import GrammarError, GrammarSpec, GrammarUnavailable
 
 if TYPE_CHECKING:
     from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher
@@ -50,5 +50,5 @@ def make_compiler(config: GrammarConfig, tokenizer, vocab_size: int, eos_token_i
 
 
 __all__ = ["GRAMMAR_BACKENDS", "CompiledGrammar", "ConstrainedRequests", "GrammarCompileService",
-           "GrammarCompiler", "GrammarError", "GrammarMask", "GrammarMatcher", "GrammarSpec",
+           "GrammarCompiler", "GrammarError", "GrammarMask", "GrammarMatcher", "GrammarSpec", "GrammarUnavailable",
            "apply_grammar_mask", "make_compiler"]

@@ -1,8 +1,9 @@
 """Where one compile runs: in a worker process that can be killed (portable compilers),
 or in a thread of this process (compilers that cannot cross a process).
 
-`run(spec, timeout_s)` returns the CompiledGrammar or raises GrammarError; past the time
-limit it raises CompileTimeout. A process executor then kills its worker (the next
+`run(spec, timeout_s)` returns the CompiledGrammar or raises GrammarError (GrammarUnavailable
+if the worker ended under the compile, WorkerStartError if none started in time); past the
+time limit it raises CompileTimeout. A process executor then kills its worker (the next
 compile starts a fresh one); a thread cannot be stopped, so the thread executor leaves
 it to finish in the background and throws its result away. Neither result is ever cached.
 """
@@ -18,9 +19,13 @@ from multiprocessing import Pipe
 
 from ..config import GrammarConfig
 from .base import CompiledGrammar, GrammarCompiler, param_of
-from .spec import GrammarError, GrammarSpec
+from .spec import GrammarError, GrammarSpec, GrammarUnavailable
 
 logger = logging.getLogger(__name__)
+
+
+# what a pipe raises once its worker is gone, or once shutdown() closed it from another thread
+_CLOSED_UNDER_US = (EOFError, OSError, TypeError, ValueError)
 
 
 class CompileTimeout(Exception):
@@ -32,6 +37,8 @@ class WorkerStartError(RuntimeError):
 
 
 class ThreadExecutor:
+    pid = None  # no process of its own
+
     def __init__(self, compiler: GrammarCompiler):
         self.compiler = compiler
 
@@ -87,10 +94,10 @@ class ProcessExecutor:
                 self.close()
                 raise CompileTimeout
             kind, payload = conn.recv()
-        except (EOFError, OSError) as exc:
+        except _CLOSED_UNDER_US as exc:  # killed (e.g. out of memory) or shut down: the server's failure
             self.close()
-            raise GrammarError(f"the grammar compiler process ended unexpectedly ({exc or 'closed'})",
-                               param_of(spec)) from None
+            raise GrammarUnavailable(f"the grammar compiler process ended unexpectedly ({exc or 'closed'})",
+                                     param_of(spec)) from None
         if kind == "error":
             raise GrammarError(*payload)
         return self.compiler.load(payload)
@@ -120,7 +127,7 @@ class ProcessExecutor:
             if not parent.poll(self.config.worker_start_timeout_s):
                 raise TimeoutError(f"no answer in {self.config.worker_start_timeout_s:g} s")
             parent.recv()
-        except (EOFError, OSError, TimeoutError) as exc:
+        except (*_CLOSED_UNDER_US, TimeoutError) as exc:
             self.close()
             raise WorkerStartError(f"the grammar compile worker did not start: {exc}") from None
         logger.info("grammar compile worker %d started (%s)", self._process.pid, self.compiler.name)

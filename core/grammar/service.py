@@ -1,14 +1,20 @@
 """Compiles grammars off the step loop, isolated and bounded.
 
 `compile(spec)` returns a concurrent.futures.Future at once: already resolved on a cache
-hit (or for a spec over `max_spec_bytes`), else resolved by a slot. Each of the
-`num_compile_workers` slots is a thread that hands one spec at a time to its executor:
-a low-priority worker process for a portable compiler (executors.py), else a thread.
-Waiting specs are taken smallest first, so a trivial schema never queues behind heavy
-ones for more than the one compile in progress. A compile past `compile_timeout_s`
-fails its future with GrammarError and its worker process is killed; its result is
-never cached, so a retry compiles afresh. Compiled grammars are cached by spec, LRU,
-bounded in entries and bytes (cache.py); one larger than the whole byte bound is
+hit (or for a spec over `max_spec_bytes`), else resolved by a slot. Each slot is a thread
+that hands one spec at a time to its executor: a low-priority worker process for a portable
+compiler (executors.py), else a thread. There are `compile_workers` slots for specs of any
+size, taken smallest first, and one spare slot whose worker is started ahead (warm) and
+which takes only specs of at most `spare_max_spec_bytes`: a small schema never waits behind
+heavy compiles busy on every other slot, nor for a worker to start.
+
+A compile past `compile_timeout_s` fails its future with GrammarError and its worker
+process is killed (its slot starts a fresh one while idle). A schema with no finite
+instance (finite.py) fails before any worker. What the server could not do (no worker
+started in time, one ended under the compile, the service shut down) fails with
+GrammarUnavailable. Neither a timeout nor an unavailability is ever cached, so a retry
+compiles afresh. Compiled grammars, and the failures of invalid specs, are cached by spec,
+LRU, bounded in entries and bytes (cache.py); one larger than the whole byte bound is
 refused. `shutdown()` (and interpreter exit) kills the worker processes.
 """
 from __future__ import annotations
@@ -25,7 +31,8 @@ from ..config import GrammarConfig
 from .base import CompiledGrammar, GrammarCompiler, check_size, param_of
 from .cache import GrammarCache
 from .executors import CompileTimeout, ProcessExecutor, ThreadExecutor, WorkerStartError
-from .spec import GrammarError, GrammarSpec
+from .finite import check_finite
+from .spec import GrammarError, GrammarSpec, GrammarUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +50,7 @@ class GrammarCompileService:
         self._cache = GrammarCache(config.cache_size, config.cache_bytes)
         self._queue: list[tuple[int, int, GrammarSpec, Future]] = []  # heap: (size, order, spec, future)
         self._order = itertools.count()
-        self._num_slots = 0
+        self._num_slots = 0  # slots for any size started so far (at most config.compile_workers)
         self._closed = False
         self._executors: list = []  # the slots' executors, for shutdown
         self._finalizer = weakref.finalize(self, _close_all, self._executors)
@@ -59,7 +66,7 @@ class GrammarCompileService:
                                         f"{self.config.max_spec_bytes} (--grammar-max-spec-bytes)", param_of(spec)))
         with self._lock:
             if self._closed:
-                return _failed(GrammarError("the grammar compiler is shut down", param_of(spec)))
+                return _failed(GrammarUnavailable("the grammar compiler is shut down", param_of(spec)))
             future = self._cache.get(spec)
             if future is not None:
                 self.num_hits += 1
@@ -68,10 +75,12 @@ class GrammarCompileService:
             future = Future()
             self._cache.add(spec, future)
             heapq.heappush(self._queue, (size, next(self._order), spec, future))
-            if self._num_slots < max(1, self.config.num_compile_workers):
+            if self._num_slots == 0 and self.config.spare_max_spec_bytes > 0:
+                self._start_slot(spare=True)  # with the first slot, so it is warm by the time it is needed
+            if self._num_slots < self.config.compile_workers:
                 self._num_slots += 1
-                threading.Thread(target=self._serve_slot, name="switchyard-grammar", daemon=True).start()
-            self._lock.notify()
+                self._start_slot(spare=False)
+            self._lock.notify_all()  # a spare woken for a spec too large for it waits on
         return future
 
     def __contains__(self, spec: GrammarSpec) -> bool:
@@ -89,9 +98,15 @@ class GrammarCompileService:
             return self._cache.nbytes
 
     @property
+    def num_pending(self) -> int:
+        """Specs waiting for a slot or compiling."""
+        with self._lock:
+            return len(self._cache.pending())
+
+    @property
     def worker_pids(self) -> list[int]:
         """The live worker processes (none in thread mode)."""
-        return [e.pid for e in list(self._executors) if getattr(e, "pid", None) is not None]
+        return [e.pid for e in list(self._executors) if e.pid is not None]
 
     def shutdown(self) -> None:
         """Kill the worker processes and fail what is still waiting. Idempotent."""
@@ -101,29 +116,56 @@ class GrammarCompileService:
             self._queue.clear()
             self._lock.notify_all()
         for future in waiting:
-            _settle(future, GrammarError("the grammar compiler was shut down", "grammar"))
+            _settle(future, GrammarUnavailable("the grammar compiler was shut down", "grammar"))
         self._finalizer()
 
     # -- slots --------------------------------------------------------------------------
-    def _serve_slot(self) -> None:
+    def _start_slot(self, spare: bool) -> None:
+        name = "switchyard-grammar-spare" if spare else "switchyard-grammar"
+        threading.Thread(target=self._serve_slot, args=(spare,), name=name, daemon=True).start()
+
+    def _serve_slot(self, spare: bool) -> None:
+        """One slot: its executor, built on its first spec (the spare's at once, and started)."""
         executor = None
+        if spare:
+            executor = self._warm_executor()
         while True:
-            with self._lock:
-                while not self._queue and not self._closed:
-                    self._lock.wait()
-                if self._closed:
-                    return
-                _, _, spec, future = heapq.heappop(self._queue)
-                if future.done() or not future.set_running_or_notify_cancel():
-                    continue
+            taken = self._take(spare)
+            if taken is None:
+                return
+            spec, future = taken
             try:
                 executor = executor or self._new_executor()
             except BaseException as exc:  # noqa: BLE001 - handed to every request that asks
-                self._finish(spec, future, GrammarError(f"the grammar compiler could not start: {exc}",
-                                                        param_of(spec)))
+                self._finish(spec, future, GrammarUnavailable(f"the grammar compiler could not start: {exc}",
+                                                              param_of(spec)))
                 continue
             self._finish(spec, future, self._run(executor, spec))
             executor.prestart()  # a worker killed at its time limit is replaced while idle
+
+    def _take(self, spare: bool) -> tuple[GrammarSpec, Future] | None:
+        """The next spec this slot may compile (smallest first; the spare's only small ones),
+        or None once shut down."""
+        with self._lock:
+            while True:
+                while not self._closed and not (self._queue and (
+                        not spare or self._queue[0][0] <= self.config.spare_max_spec_bytes)):
+                    self._lock.wait()
+                if self._closed:
+                    return None
+                _, _, spec, future = heapq.heappop(self._queue)
+                if not future.done() and future.set_running_or_notify_cancel():
+                    return spec, future
+
+    def _warm_executor(self):
+        """The spare's executor with its worker started, or None (its first spec retries)."""
+        try:
+            executor = self._new_executor()
+        except BaseException:  # noqa: BLE001 - the first spec it takes reports it
+            logger.warning("the spare grammar compile worker did not start", exc_info=True)
+            return None
+        executor.prestart()
+        return executor
 
     def _new_executor(self):
         with self._compiler_lock:
@@ -143,11 +185,12 @@ class GrammarCompileService:
     def _run(self, executor, spec: GrammarSpec) -> CompiledGrammar | GrammarError:
         timeout_s = self.config.compile_timeout_s
         try:
+            check_finite(spec)
             compiled = executor.run(spec, timeout_s)
         except GrammarError as exc:
             return exc
         except WorkerStartError as exc:
-            return GrammarError(f"the grammar compiler could not start: {exc}", param_of(spec))
+            return GrammarUnavailable(f"the grammar compiler could not start: {exc}", param_of(spec))
         except CompileTimeout:
             with self._lock:
                 self.num_timeouts += 1
@@ -161,7 +204,7 @@ class GrammarCompileService:
 
     def _finish(self, spec: GrammarSpec, future: Future, result) -> None:
         with self._lock:
-            if isinstance(result, _TimedOut):
+            if isinstance(result, (_TimedOut, GrammarUnavailable)):  # never cached: a retry compiles afresh
                 self._cache.drop(spec, future)
             _settle(future, result)
             if not isinstance(result, BaseException):

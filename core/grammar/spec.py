@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from ..params import ValidationError
+from ..errors import ValidationError
 
 GrammarKind = Literal["json_schema", "json_object", "regex"]
 
@@ -18,6 +18,13 @@ GrammarKind = Literal["json_schema", "json_object", "regex"]
 class GrammarError(ValidationError):
     """A grammar that cannot be compiled (invalid, unsupported, or too slow to compile).
     The gateway renders it as a 400 (OpenAI) / 422 (TGI) naming `param`."""
+
+
+class GrammarUnavailable(GrammarError):
+    """A compile that could not run, through no fault of the spec: no compile worker started
+    in time, one ended under it, or the compiler is shut down. Confined to its request like
+    any GrammarError, never cached (a retry compiles afresh); the gateway renders it as a
+    503 with Retry-After, not as a 4xx blaming the request."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from switchyard.core.client import InProcessEngineClient
-from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from switchyard.gateway.app import create_app
 from switchyard.gateway.serve import DrainingServer
 from switchyard.gateway.settings import ServerSettings
@@ -56,22 +56,22 @@ class TinyServer:
             time.sleep(0.02)
 
 
-def tiny_engine():
+def tiny_engine(grammar: GrammarConfig = GrammarConfig()):
     from switchyard.core.engine import EngineCore
     from switchyard.core.loader import load_tokenizer
 
     config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy"),
                           cache=CacheConfig(num_blocks=4096),
-                          scheduler=SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256))
+                          scheduler=SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256), grammar=grammar)
     tokenizer = load_tokenizer(config.model)
     tokenizer.chat_template = TINY_CHAT_TEMPLATE  # the byte-level toy tokenizer has none
     return EngineCore(config, tokenizer=tokenizer), tokenizer
 
 
 @contextlib.contextmanager
-def start_tiny(**settings):
-    """A TinyServer with these ServerSettings fields, stopped on exit."""
-    client = InProcessEngineClient(tiny_engine)
+def start_tiny(grammar: GrammarConfig = GrammarConfig(), **settings):
+    """A TinyServer with these ServerSettings fields (and grammar compiles), stopped on exit."""
+    client = InProcessEngineClient(lambda: tiny_engine(grammar))
     client.start()
     asyncio.run(client.wait_ready(timeout=120))
     server, thread, url = serve_draining(client, **settings)
