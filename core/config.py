@@ -1,6 +1,7 @@
 """Frozen configuration passed from the CLI (or the offline API) into the engine."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -35,13 +36,24 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    # KV capacity in blocks; None = sized at warm-up from available memory.
+    # KV capacity in blocks (--num-kv-blocks, --max-batch-total-tokens); None = sized at warm-up by
+    # the backend: the CPU from what the configuration needs (core/kv/sizing.py), device backends
+    # from a fraction of their memory.
     num_blocks: int | None = None
-    # Share of memory the KV cache is sized from; None = the backend's default. CPU: a
-    # fraction of the memory left after loading weights (default 0.3). CUDA/ROCm: TGI's
-    # --cuda-memory-fraction, the fraction of total device memory the process may use (default 1.0).
+    # Share of memory the KV cache is sized from, on backends that size it so; None = the backend's
+    # default. CUDA/ROCm: TGI's --cuda-memory-fraction, the fraction of total device memory the
+    # process may use (default 1.0); others: of the memory left after loading (default 0.3).
     memory_fraction: float | None = None
-    # Upper bound of blocks when sizing automatically (keeps a CPU process polite; device backends ignore it).
+    # Bytes the KV cache takes when sized from the configuration (CPU): like vLLM-CPU's KV cache
+    # space, what the configuration can hold (usable_tokens) up to this many bytes; None = up to
+    # sizing.DEFAULT_KV_TOKENS tokens (--kv-cache-memory). A given num_blocks is taken as it is.
+    kv_cache_memory: int | None = None
+    # Tokens the configuration can hold at once (max_num_seqs x max_model_len) and of one request
+    # (max_model_len): set by the engine once the model's context is known (sizing.with_usable_tokens);
+    # None = not known yet.
+    usable_tokens: int | None = None
+    context_tokens: int | None = None
+    # Upper bound of blocks when sizing automatically (keeps a CPU process polite; CUDA ignores it).
     max_auto_blocks: int = 16384
     # Hash full prompt blocks and reuse them across requests (--disable-prefix-caching turns it off).
     enable_prefix_caching: bool = True
@@ -67,9 +79,10 @@ class SchedulerConfig:
 class GrammarConfig:
     """Grammar-constrained decoding (core/grammar): which compiler, and its limits.
 
-    Compiles run in `num_compile_workers` worker processes at low priority (`worker_nice`),
-    so a heavy grammar never takes CPU from the engine's step loop, and one that runs past
-    `compile_timeout_s` is killed with its process (never cached)."""
+    Compiles run in `compile_workers` worker processes at low priority (`worker_nice`), plus a
+    warm spare for small specs, so a heavy grammar never takes CPU from the engine's step loop
+    nor holds up a small one, and one that runs past `compile_timeout_s` is killed with its
+    process (never cached)."""
 
     backend: str = "xgrammar"  # "xgrammar" | "outlines" (--grammar-backend)
     cache_size: int = 128  # compiled grammars kept per tokenizer (LRU), at most ...
@@ -79,7 +92,12 @@ class GrammarConfig:
     max_grammar_bytes: int = 64 << 20  # an outlines index of a test schema pickles to 25 MiB
     compile_timeout_s: float = 30.0  # a slower compile is killed and fails its request alone
     max_spec_bytes: int = 256 << 10  # largest schema / regex text (--grammar-max-spec-bytes)
-    num_compile_workers: int = 1  # worker processes (threads for a compiler that cannot cross a process)
+    # Compile slots for grammars of any size: worker processes (threads for a compiler that cannot
+    # cross a process); None = default_compile_workers() (--grammar-workers).
+    num_compile_workers: int | None = None
+    # One more slot, its worker started ahead (warm), that takes only specs of at most this many
+    # bytes: a small grammar never waits behind heavy ones busy on every other slot. 0 = no spare.
+    spare_max_spec_bytes: int = 16 << 10
     worker_nice: int = 10  # added niceness of the worker processes
     use_processes: bool = True  # False: compile in threads of this process (no isolation)
     worker_start_timeout_s: float = 120.0  # a worker importing the compiler and reading its tables
@@ -88,6 +106,23 @@ class GrammarConfig:
     def largest_grammar_bytes(self) -> int:
         """A compiled grammar past this is refused: it could never stay in the cache."""
         return min(self.max_grammar_bytes, self.cache_bytes)
+
+    @property
+    def compile_workers(self) -> int:
+        """The compile slots for grammars of any size (the spare comes on top)."""
+        return max(1, self.num_compile_workers if self.num_compile_workers is not None else default_compile_workers())
+
+
+def default_compile_workers() -> int:
+    """min(2, usable cores): a compile is one niced thread, so it only takes CPU the engine leaves
+    idle; two let a second heavy compile run beside the first, while more on a small machine
+    would only divide the same idle CPU, each worker holding ~0.3 GB (xgrammar imports torch)."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may run on
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(2, cores))
+
 
 @dataclass(frozen=True)
 class ParallelConfig:

@@ -19,7 +19,8 @@ from .request import EngineCoreOutput, FinishReason, Request, decide_finish
 from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
-from .shard_worker import ShardSet, build_shard_model, num_kv_blocks_for  # noqa: F401 - re-exported
+from .kv.sizing import KVCacheSize
+from .shard_worker import ShardSet, build_shard_model, kv_bytes_per_block, num_kv_blocks_for  # noqa: F401 - re-export
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,13 @@ class EngineCore:
         self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids)
         # constrained requests whose grammar is still compiling: held here, out of the scheduler
         self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
-        logger.info("engine ready: backend=%s kv_blocks=%d (%d tokens)", self.backend.name, num_blocks,
-                    self.info.max_batch_total_tokens)
+        kv = KVCacheSize(num_blocks, block_size, num_blocks * kv_bytes_per_block(self.loaded),
+                         str(self.loaded.attention_spec.dtype).removeprefix("torch."))
+        logger.info("engine ready: backend=%s, %s%s", self.backend.name, kv.describe(),
+                    " on each shard (its heads)" if self.shards.sharded else "")
+        if self.info.max_batch_total_tokens < self.info.max_model_len:
+            logger.warning("the KV cache holds %d tokens, fewer than the context of %d: a longer request is "
+                           "refused", self.info.max_batch_total_tokens, self.info.max_model_len)
 
     def add_request(self, request: Request) -> None:
         """Validates against the engine's limits (raises ValidationError) and queues.

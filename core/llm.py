@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .chat_template import render_chat
@@ -11,6 +12,9 @@ from .loader import load_tokenizer
 from .output_processor import OutputProcessor
 from .params import SamplingParams, ValidationError
 from .request import FinishReason, Request, sequence_seed
+
+
+TextCallback = Callable[[int, int, str], None]  # (prompt index, sample index, new text)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class LLM:
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
                  quantize: str | None = None, load_format: str = "auto", max_model_len: int | None = None,
                  block_size: int = 16,
-                 num_kv_blocks: int | None = None, max_num_seqs: int = 256,
+                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
@@ -61,7 +65,7 @@ class LLM:
             model=ModelConfig(model=model, dtype=dtype, quantize=quantize, load_format=load_format, seed=seed,
                               max_model_len=max_model_len, chat_template=chat_template, model_impl=model_impl,
                               trust_remote_code=trust_remote_code),
-            cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
             backend=backend, grammar=grammar or GrammarConfig(),
@@ -82,22 +86,26 @@ class LLM:
         self.shutdown()
 
     def generate(self, prompts: str | list[str] | list[list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
+                 params: SamplingParams | list[SamplingParams] | None = None,
+                 on_text: TextCallback | None = None) -> list[GenerationResult]:
+        """`on_text(prompt index, sample index, text)`, if given, is called with each piece of
+        text as it is decoded (streaming); the results come back at the end either way."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         token_lists = [list(p) if not isinstance(p, str) else self.tokenizer.encode(p) for p in prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(texts, token_lists, params)
+        return self._run(texts, token_lists, params, on_text)
 
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | list[SamplingParams] | None = None,
-             add_generation_prompt: bool = True) -> list[GenerationResult]:
+             add_generation_prompt: bool = True, on_text: TextCallback | None = None) -> list[GenerationResult]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         texts = [render_chat(self.tokenizer, c, add_generation_prompt) for c in conversations]
         token_lists = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return self._run(texts, token_lists, params)
+        return self._run(texts, token_lists, params, on_text)
 
     def _run(self, texts: list[str | None], token_lists: list[list[int]],
-             params: SamplingParams | list[SamplingParams] | None) -> list[GenerationResult]:
+             params: SamplingParams | list[SamplingParams] | None,
+             on_text: TextCallback | None = None) -> list[GenerationResult]:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(token_lists)
         if len(params_list) != len(token_lists):
             raise ValidationError("one SamplingParams per prompt, or a single one", "params")
@@ -127,6 +135,8 @@ class LLM:
                     raise out.error
                 entry = collected[out.request_id]
                 entry["text"].append(out.new_text)
+                if on_text is not None and out.new_text:
+                    on_text(*children[out.request_id], out.new_text)
                 entry["ids"].extend(out.new_token_ids)
                 if out.finished:
                     entry["reason"] = out.finish_reason

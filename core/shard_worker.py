@@ -19,6 +19,7 @@ from .backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo
 from .config import CacheConfig, EngineConfig
 from .distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
 from .errors import ShardTerminated
+from .kv.sizing import with_usable_tokens
 from .loader import LoadedModel, choose_model, load_model
 from .models import check_shardable
 from .runner import ModelRunner
@@ -30,14 +31,18 @@ logger = logging.getLogger(__name__)
 FAILURE_GRACE_S = 5.0
 
 
+def kv_bytes_per_block(loaded: LoadedModel) -> int:
+    """One KV block's keys and values over every layer, in bytes."""
+    spec = loaded.attention_spec
+    return (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
+            * torch.empty((), dtype=spec.dtype).element_size())
+
+
 def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend) -> int:
-    """KV capacity in blocks: the configured count, else what the free memory allows."""
+    """KV capacity in blocks: the configured count, else the backend's rule (Backend.num_kv_blocks)."""
     if cache.num_blocks is not None:
         return cache.num_blocks
-    spec = loaded.attention_spec
-    bytes_per_block = (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
-                       * torch.empty((), dtype=spec.dtype).element_size())
-    return backend.num_kv_blocks(bytes_per_block, cache)
+    return backend.num_kv_blocks(kv_bytes_per_block(loaded), cache)
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,8 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
                         communicator=backend.communicator() if shard.sharded else None)
     backend.prepare_model(loaded, config)
     backend.profile_run(loaded, config)
-    num_blocks = num_kv_blocks_for(config.cache, loaded, backend)
+    num_blocks = num_kv_blocks_for(with_usable_tokens(config.cache, config.scheduler.max_num_seqs,
+                                                      loaded.max_model_len), loaded, backend)
     if shard.sharded:
         num_blocks = min_across_shards(num_blocks)
     kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)

@@ -9,6 +9,8 @@ import torch
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
                                      ShardInfo)
+from switchyard.core.config import CacheConfig
+from switchyard.core.kv.sizing import KVCacheSize, blocks_from_configuration, check_fits
 from switchyard.core.layers import Linear
 from switchyard.core.quant.methods import served_by
 
@@ -149,6 +151,12 @@ class CpuBackend(Backend):
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         return available // self._local_shards
 
+    def num_kv_blocks(self, bytes_per_block: int, cache: CacheConfig) -> int:
+        """From what the configuration needs, not from the memory free now (core/kv/sizing.py):
+        at most DEFAULT_KV_TOKENS tokens of it (or one whole-context request), or at most
+        --kv-cache-memory bytes."""
+        return blocks_from_configuration(bytes_per_block, cache)
+
     def attention(self, spec: AttentionSpec) -> AttentionKernel:
         return CpuAttentionKernel(spec, self._plans, self._decode)
 
@@ -224,12 +232,14 @@ class CpuBackend(Backend):
         return None
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
-        """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc),
-        so a large cache costs nothing until it is used. Zeros matter: the kernel
-        reads whole blocks, and masked slots must hold finite values."""
+        """Zeroed caches whose pages the OS hands out on first touch (numpy's calloc), so a
+        large cache costs nothing until it is used; refused (KVCacheTooLarge, one line) when
+        the whole of it would not fit in the memory available now, since used it will be.
+        Zeros matter: the kernel reads whole blocks, and masked slots must hold finite values."""
         import numpy as np
 
         shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         nbytes = int(np.prod(shape)) * torch.empty((), dtype=spec.dtype).element_size()
+        check_fits(KVCacheSize(num_blocks, spec.block_size, nbytes * num_layers), self.available_memory_bytes())
         return [torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(spec.dtype).view(shape)
                 for _ in range(num_layers)]

@@ -7,14 +7,19 @@ Compiled with torch's extension mechanism on first use of the backend (the engin
 warm-up, never at import), into `<cache root>/torch_extensions/<name>`, a directory
 named after everything the binary depends on (the source, torch's version, the
 Python ABI, this CPU's flags: it is built with -march=native), so a second start, and
-every shard process, reuses it. An exclusive file lock serialises concurrent builds;
-torch's own lock file inside the directory is cleared under it, so a build killed
-half-way cannot leave later starts waiting forever. When there is no compiler or the
+every shard process, reuses it: a binary stamped as built (its size and mtime, written once
+its ops loaded) is loaded as it is, with no lock and no ninja, so a cached start never waits
+for another process's build nor recompiles a source whose mtime alone changed. A build takes
+an exclusive file lock (the OS drops it with a dead holder) and clears torch's own lock file
+under it, so a build killed half-way cannot leave later starts waiting forever; a start that
+waits for a live builder names it, and says every few seconds that it still waits, as a
+compile does. The first compile of a start says what a first start costs. When there is no compiler or the
 build fails, `build_extension` returns an unavailable `ExtensionBuild` with the reason,
 and the caller keeps its plain-torch path (the gather path, a dequantized weight).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -28,6 +33,8 @@ from functools import cache
 from typing import Any, Callable
 
 import torch
+
+from switchyard.core.heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -117,17 +124,115 @@ def _missing_tools() -> str:
     return "" if shutil.which("ninja") else "ninja not found"
 
 
-def _compile(name: str, source: str, directory: str) -> Any:
+def stamp_path(directory: str, name: str) -> str:
+    """Written beside a binary once it was built and its ops checked: the binary's size and mtime."""
+    return os.path.join(directory, f"{name}.so.built")
+
+
+def _stamp_of(binary: str) -> str:
+    stat = os.stat(binary)
+    return f"{stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def _is_stamped(binary: str, stamp: str) -> bool:
+    try:
+        with open(stamp) as file:
+            return file.read() == _stamp_of(binary)
+    except OSError:
+        return False
+
+
+def _write_stamp(binary: str, stamp: str) -> None:
+    staging = f"{stamp}.{os.getpid()}"
+    with open(staging, "w") as file:
+        file.write(_stamp_of(binary))
+    os.replace(staging, stamp)
+
+
+def _reuse(name: str, binary: str, stamp: str, what: str) -> Any | None:
+    """A stamped binary, loaded as it is: no lock, no ninja (which would rebuild a source whose
+    mtime alone changed), nothing compiled. None when there is none; one that no longer loads
+    loses its stamp and binary, so the build under the lock makes it again."""
+    if not _is_stamped(binary, stamp):
+        return None
+    try:
+        torch.ops.load_library(binary)
+        return getattr(torch.ops, name)
+    except Exception as error:  # noqa: BLE001 - a damaged binary: rebuilt
+        logger.warning("%s: the built kernel %s does not load (%s); building it again", what, binary, error)
+        for path in (stamp, binary):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        return None
+
+
+def _holder(path: str) -> tuple[str, str]:
+    """Who holds a build lock, short and with its command line: the pid its holder wrote there."""
+    try:
+        with open(path) as file:
+            pid = int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "another process", "another process"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = ""
+    return f"process {pid}", f"process {pid}" + (f" ({command[:160]})" if command else "")
+
+
+@contextlib.contextmanager
+def _build_lock(directory: str, what: str):
+    """The directory's exclusive lock (released by the OS if its holder dies, so a dead holder never
+    stalls a start); a start that must wait says for whom, and every few seconds that it still
+    does. Yields the seconds it waited."""
+    path = os.path.join(directory, ".build.lock")
+    with open(path, "a+") as lock:  # "a+": the holder's pid stays readable
+        waited = 0.0
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            (holder, described), began = _holder(path), time.perf_counter()
+            logger.info("%s: waiting for %s, which is building this kernel in %s", what, described, directory)
+            with Heartbeat(lambda s: logger.info("%s: still waiting for %s's build (%.0f s)", what, holder, s)):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            waited = time.perf_counter() - began
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield waited
+        finally:
+            lock.truncate(0)
+
+
+_FIRST_START_SAID = False
+
+
+def _say_first_start(cache_root: str) -> None:
+    """Once per process, before its first compile: what a first start costs."""
+    global _FIRST_START_SAID
+    if not _FIRST_START_SAID:
+        _FIRST_START_SAID = True
+        logger.info("first start: building CPU kernels, about a minute or two, cached afterwards (in %s)",
+                    os.path.join(cache_root, "torch_extensions"))
+
+
+def _compile(name: str, source: str, directory: str, what: str) -> tuple[Any, float]:
+    """(the ops, seconds spent waiting for another process's build): torch's build under the
+    directory's lock, torch's own lock file (which only a dead build leaves there) cleared first."""
     from torch.utils.cpp_extension import load
 
-    with open(os.path.join(directory, ".build.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the OS if this process dies
-        stale = os.path.join(directory, "lock")  # torch's FileBaton; only a dead build leaves it here
+    with _build_lock(directory, what) as waited:
+        stale = os.path.join(directory, "lock")  # torch's FileBaton: it would wait for it forever
         if os.path.exists(stale):
+            logger.info("%s: removed the lock file %s of a build that did not finish", what, stale)
             os.remove(stale)
-        load(name=name, sources=[source], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
-             build_directory=directory, is_python_module=False, verbose=False)
-    return getattr(torch.ops, name)
+        with Heartbeat(lambda s: logger.info("%s: still compiling %s (%.0f s)", what, os.path.basename(source), s)):
+            load(name=name, sources=[source], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                 build_directory=directory, is_python_module=False, verbose=False)
+    return getattr(torch.ops, name), waited
 
 
 def _first_error_line(text: str) -> str:
@@ -151,19 +256,29 @@ def build_extension(cache_root: str, source: str, what: str, fallback: str,
         logger.warning("%s: %s, the kernel cannot be built: %s", what, fallback, missing)
         return ExtensionBuild(None, missing, directory, 0.0, False)
     binary = os.path.join(directory, f"{name}.so")
-    was_built = os.path.exists(binary)
-    began = time.perf_counter()
+    stamp = stamp_path(directory, name)
+    began, waited = time.perf_counter(), 0.0
     try:
-        os.makedirs(directory, exist_ok=True)
-        ops = _compile(name, source, directory)
+        ops = _reuse(name, binary, stamp, what)
+        was_built = ops is not None or os.path.exists(binary)
+        if ops is None:
+            if not was_built:
+                _say_first_start(cache_root)
+                logger.info("%s: compiling %s", what, os.path.basename(source))
+            os.makedirs(directory, exist_ok=True)
+            ops, waited = _compile(name, source, directory, what)
         for op_name in op_names:
             getattr(ops, op_name)  # raises AttributeError when the binary did not register it
+        if not _is_stamped(binary, stamp):
+            _write_stamp(binary, stamp)
     except Exception as error:  # a compiler error, a missing header, an unloadable binary
         reason = f"build failed ({type(error).__name__}: {_first_error_line(str(error))})"
         logger.warning("%s: %s, %s; build directory %s", what, fallback, reason, directory)
         return ExtensionBuild(None, reason, directory, time.perf_counter() - began, False)
     seconds = time.perf_counter() - began
-    logger.info("%s: kernel %s in %.1f s (%s)", what, "reused" if was_built else "compiled", seconds, directory)
+    wait = f", {waited:.1f} s of it waiting for another process's build" if waited >= 0.1 else ""
+    logger.info("%s: kernel %s in %.1f s%s (%s)", what, "reused" if was_built else "compiled", seconds, wait,
+                directory)
     return ExtensionBuild(ops, "", directory, seconds, was_built)
 
 

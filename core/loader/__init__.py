@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from ..backend import SINGLE_SHARD, AttentionSpec, Backend, Communicator, ShardInfo
+from ..backend_contract import SINGLE_SHARD, AttentionSpec, BackendInterface, Communicator, ShardInfo
 from ..chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
@@ -23,6 +23,7 @@ from ..quant.apply import QUANTIZE_AT_LOAD, QuantizeError, quantize_model
 from ..quant.methods import detect, served_method
 from ..quant.hub import weights_reader
 from .gguf_packed import GGUFPackedWeights
+from ..models.base import CausalLM
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
@@ -38,7 +39,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: nn.Module  # eval mode, on backend.device, in `dtype`; see models/llama.py for the call
+    model: CausalLM  # eval mode, on backend.device, in `dtype` (models/base.py declares the calls)
     hf_config: Any  # transformers PretrainedConfig
     attention_spec: AttentionSpec  # KV cache shape and dtype (layer 0's spec)
     attention_specs: tuple[AttentionSpec, ...]  # per layer (sliding windows may differ)
@@ -55,6 +56,14 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+def checkpoint_quantization(hf_config: Any) -> Any:
+    """The checkpoint's quantization_config (core/quant/methods.py detects its method), None for
+    a float checkpoint or no config. Read with getattr: transformers' PretrainedConfig, not a
+    contract of ours, has the attribute only when the checkpoint's config.json names one (as
+    eos_token_id and max_position_embeddings, read below, exist only for some model types)."""
+    return getattr(hf_config, "quantization_config", None)
 
 
 def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
@@ -82,11 +91,11 @@ def served_quantization(model_config: ModelConfig, sharded: bool = False,
     source = resolve_source(model_config)
     gguf_file = source.gguf_file if source.load_format != "dummy" else None
     config = None if gguf_file is not None or source.kind == "named" else load_config(source, model_config.trust_remote_code)
-    return served_method(model_config.quantize, gguf_file, getattr(config, "quantization_config", None), sharded,
+    return served_method(model_config.quantize, gguf_file, checkpoint_quantization(config), sharded,
                          backend_methods)
 
 
-def load_model(model_config: ModelConfig, backend: Backend, block_size: int, shard: ShardInfo = SINGLE_SHARD,
+def load_model(model_config: ModelConfig, backend: BackendInterface, block_size: int, shard: ShardInfo = SINGLE_SHARD,
                communicator: Communicator | None = None) -> LoadedModel:
     """The model on the backend's device, weights loaded, eval mode. shard.sharded: this
     shard's slice (its heads, MLP and vocabulary slices; attention_spec with its head
@@ -103,23 +112,22 @@ def load_model(model_config: ModelConfig, backend: Backend, block_size: int, sha
         fill_dummy_weights(model, model_config.seed, per_name=tp.sharded)
     else:
         _load_checkpoint(model, source, hf_config, lazy=tp.sharded, packed_gguf=quantize == "gguf")
-    prequantized = detect(getattr(hf_config, "quantization_config", None)) is not None  # its own layers only
+    prequantized = detect(checkpoint_quantization(hf_config)) is not None  # its own layers only
     if quantize in QUANTIZE_AT_LOAD and not prequantized and \
-            quantize_model(model, quantize, head=getattr(model, "lm_head", None)) == 0:
+            quantize_model(model, quantize, head=model.output_head()) == 0:
         raise QuantizeError(f"--quantize {quantize}: model {choice.describe()} has no linear this engine quantizes")
     model.eval()
     specs = tuple(model.attention_specs)
     max_model_len = _max_model_len(model_config, hf_config)
-    if hasattr(model, "fit_context"):  # e.g. longrope picks its factors for the served context
-        model.fit_context(max_model_len)
+    model.fit_context(max_model_len)  # e.g. longrope picks its factors for the served context
     return LoadedModel(model=model, hf_config=hf_config, attention_spec=specs[0], attention_specs=specs,
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
                        max_model_len=max_model_len,
                        vocab_size=hf_config.vocab_size, dtype=dtype, source=source, model_impl=choice.impl)
 
 
-def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: Backend, block_size: int,
-                 dtype: torch.dtype, tp: TensorParallel) -> tuple[nn.Module, ModelChoice]:
+def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: BackendInterface, block_size: int,
+                 dtype: torch.dtype, tp: TensorParallel) -> tuple[CausalLM, ModelChoice]:
     """The model on the backend's device, weights not loaded. Native code that meets a
     config feature it does not implement (e.g. a rope_scaling variant) hands the model to
     the transformers fallback under model_impl="auto", and is refused under "native"."""
@@ -166,12 +174,12 @@ def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy
     gguf_packed.py) or dequantized per tensor (gguf_weights.py), a quantized Hub checkpoint's
     reader (core/quant/hub), or plain safetensors (lazy: each shard reads only its slices)."""
     if packed_gguf:
-        weights = GGUFPackedWeights(source.gguf_file, hf_config)
+        weights = GGUFPackedWeights(source.gguf_file, hf_config, source.metadata)
         total = len(weights)
     elif source.kind == "gguf":
-        weights: Iterable = GGUFWeights(source.path, hf_config)
+        weights: Iterable = GGUFWeights(source.path, hf_config, source.metadata)
         total = len(weights)
-    elif (reader := weights_reader(getattr(hf_config, "quantization_config", None))) is not None:  # core/quant/hub
+    elif (reader := weights_reader(checkpoint_quantization(hf_config))) is not None:  # core/quant/hub
         weights = reader(safetensors_files(source.path), hf_config.quantization_config)
         total = len(weights)
     else:

@@ -3,7 +3,9 @@ and the tokenizer files) kept in a cache; the weights are always read from the G
 (mapped, core/loader/gguf_packed.py), never copied.
 
 Parsing a GGUF's metadata with transformers takes ~8 s per pass for a 49k-token vocabulary,
-and the config and the tokenizer each need a pass; the converted directory loads in ~1 s.
+and the config and the tokenizer each need a pass; the converted directory loads in ~1 s. The
+conversion says so up front and every few seconds while it runs. The first load also keeps the
+file's tensor table and names there (gguf_index.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import shutil
 import signal
 import tempfile
 import threading
+
+from ..heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +44,10 @@ def converted_directory(gguf_path: str, cache_root: str) -> str:
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     sweep_stale_staging(os.path.dirname(target))
-    logger.info("reading the config and tokenizer of %s once into %s", gguf_path, target)
-    with _staging_folder(os.path.dirname(target), name) as staging:
+    logger.info("first start of this GGUF: reading its config and tokenizer once into %s (about half a minute, "
+                "cached afterwards)", target)
+    with _staging_folder(os.path.dirname(target), name) as staging, \
+            Heartbeat(lambda s: logger.info("still reading the config and tokenizer of %s (%.0f s)", name, s)):
         _convert(gguf_path, staging)
         open(os.path.join(staging, _DONE_MARK), "w").close()
         os.chmod(staging, 0o755)

@@ -1,7 +1,7 @@
 """A GGUF file's weight matrices as QuantizedWeights, its blocks kept as the file has them
 (`--quantize gguf`, the default for a GGUF file): nothing is dequantized that a kernel can
-multiply directly. The blocks are read from the mapped file (GGUFReader's memmap), not copied:
-a backend repacks them once, and the mapping is dropped with the reader.
+multiply directly. The blocks are read from the mapped file (a memmap), not copied: a backend
+repacks them once, and the mapping is dropped with the weights.
 
 Names and every other tensor come as in core/loader/gguf_weights.py (transformers' mapping and
 TensorProcessor). The only processing a packed matrix needs is llama's q/k row permutation
@@ -43,8 +43,8 @@ class GGUFPackedWeights(GGUFWeights):
     """Iteration yields (HF name, QuantizedWeight) for matrices in a PACKED_TYPES format and
     (HF name, float32 tensor) for everything else."""
 
-    def __init__(self, path: str, hf_config: Any):
-        super().__init__(path, hf_config)
+    def __init__(self, path: str, hf_config: Any, index_dir: str | None = None):
+        super().__init__(path, hf_config, index_dir)
         from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
         self.packable = (self.architecture in ROW_PERMUTED_ARCHITECTURES + VECTOR_ONLY_ARCHITECTURES
@@ -60,7 +60,7 @@ class GGUFPackedWeights(GGUFWeights):
             return
         from gguf.quants import dequantize
 
-        for tensor in self.reader.tensors:
+        for tensor in self.tensors:
             name = self.names.get(tensor.name)
             if name is None:
                 continue

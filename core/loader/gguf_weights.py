@@ -14,10 +14,14 @@ transformers can load from GGUF, and its tensors are bit-identical to transforme
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from ..heartbeat import Heartbeat
+from .gguf_index import GGUFIndex, read_index, write_index
 
 logger = logging.getLogger(__name__)
 
@@ -57,22 +61,36 @@ def _float32_tensor(weights: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 class GGUFWeights:
-    """Opens the file once; `len()` counts tensors, iteration yields (HF name, float32 tensor).
+    """Maps the file once; `len()` counts tensors, iteration yields (HF name, float32 tensor).
     GGUF tensors transformers has no name for (e.g. llama.cpp's precomputed rope_freqs) are
-    skipped, as transformers skips them; a weight the model then lacks is reported by load_model."""
+    skipped, as transformers skips them; a weight the model then lacks is reported by load_model.
+    `index_dir` (the converted metadata's directory) keeps the tensor table and the names
+    (gguf_index.py): a start that finds them there parses nothing."""
 
-    def __init__(self, path: str, hf_config: Any):
+    def __init__(self, path: str, hf_config: Any, index_dir: str | None = None):
+        self.config = hf_config
+        index = read_index(index_dir, path) if index_dir is not None else None
+        if index is None:
+            index = self._parse(path, hf_config)
+            if index_dir is not None:
+                write_index(index_dir, path, index)
+        self.architecture, self.names, self.tensors = index.architecture, index.names, index.tensors
+        self.processor = tensor_processor(self.architecture, hf_config)
+
+    @staticmethod
+    def _parse(path: str, hf_config: Any) -> GGUFIndex:
         from gguf import GGUFReader
 
-        self.reader = GGUFReader(path)
-        self.config = hf_config
-        field = self.reader.get_field("general.architecture")
-        self.architecture = field.contents() if field is not None else None
-        self.processor = tensor_processor(self.architecture, hf_config)
-        self.names = gguf_to_hf_names(hf_config, self.processor)
+        logger.info("indexing the tensors of %s (once: kept with its converted metadata)", os.path.basename(path))
+        with Heartbeat(lambda s: logger.info("still indexing the tensors of %s (%.0f s)", os.path.basename(path), s)):
+            reader = GGUFReader(path)
+            field = reader.get_field("general.architecture")
+            architecture = field.contents() if field is not None else None
+            names = gguf_to_hf_names(hf_config, tensor_processor(architecture, hf_config))
+        return GGUFIndex(architecture, names, list(reader.tensors))
 
     def __len__(self) -> int:
-        return len(self.reader.tensors)
+        return len(self.tensors)
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         from gguf.quants import dequantize
@@ -80,7 +98,7 @@ class GGUFWeights:
         # Processors that assemble one Hugging Face tensor from several GGUF tensors (MoE
         # experts) keep it here, as transformers' loader does; they are yielded at the end.
         assembled: dict[str, dict] = {"tensors": {}}
-        for tensor in self.reader.tensors:
+        for tensor in self.tensors:
             weights = dequantize(tensor.data, tensor.tensor_type)
             result = self.processor.process(weights=weights, name=tensor.name, tensor_key_mapping=self.names,
                                             parsed_parameters=assembled)

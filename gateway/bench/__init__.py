@@ -8,6 +8,7 @@ llama-server, vLLM) compare. Imports no torch: it runs in the gateway's layer.
 - loadgen.py: the async streaming client (one record per request)
 - figures.py: percentiles and one run's figures (RunResult)
 - progress.py: a tqdm bar, or a plain line without tqdm
+- memory.py: a local server's peak RSS (VmHWM of its process tree, from /proc)
 - report.py: the comparison table and the JSON-lines results file
 - plot.py: PNGs with matplotlib (the `bench` extra)
 - command.py: the command line and the order of runs

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .figures import RunResult, summarize
 from .loadgen import drive, make_client, served_model
+from .memory import ServerMemory
 from .progress import Progress
 from .report import comparison_table, read_results, run_line, throughput_matrix, to_json
 from .workload import Server, Workload, chat_bodies
@@ -25,8 +26,9 @@ DESCRIPTION = """Drives OpenAI-compatible servers (Switchyard, llama.cpp's llama
 streaming /v1/chat/completions clients at each concurrency, greedy, the output length forced
 (max_tokens, min_tokens, ignore_eos), over a fixed prompt set, after a few warm-up requests.
 Prints output tok/s (from the stream's usage, else counted chunks), req/s, TTFT and ITL
-p50/p90/p99 and errors. With --compare the servers run one after another, never at once,
-and one table gives each server's ratio to the first."""
+p50/p90/p99, errors and, for a server on this machine, its peak RSS (VmHWM of its process
+and those below it, summed). With --compare the servers run one after another, never at
+once, and one table gives each server's ratio to the first."""
 
 
 class BenchError(RuntimeError):
@@ -148,6 +150,7 @@ async def bench_server(server: Server, workload: Workload, model: str | None,
         except (httpx.HTTPError, OSError, ValueError) as exc:
             raise BenchError(f"cannot list the models of {server.url}: {exc}") from None
         await _warm_up(client, workload, model)
+        memory = ServerMemory.find(server.url)
         for concurrency in workload.concurrencies:
             bodies = chat_bodies(model, workload.requests_at(concurrency), workload.output_len)
             progress = Progress(f"{server.label} c={concurrency}", len(bodies))
@@ -156,7 +159,8 @@ async def bench_server(server: Server, workload: Workload, model: str | None,
                                             on_done=lambda record: progress.advance(record.ok))
             finally:
                 progress.close()
-            on_result(summarize(server.label, server.url, model, concurrency, workload.output_len, records, wall))
+            on_result(summarize(server.label, server.url, model, concurrency, workload.output_len, records, wall,
+                                memory.peak_rss_bytes()))
 
 
 async def _warm_up(client, workload: Workload, model: str) -> None:

@@ -50,6 +50,8 @@ class RunResult:
     itl_ms: dict[str, float | None] = field(default_factory=dict)
     first_error: str = ""
     time: str = ""
+    # the server's peak RSS so far, read after the run (memory.py); None where it was not found
+    peak_rss_bytes: int | None = None
 
     @property
     def forced(self) -> bool:
@@ -59,7 +61,7 @@ class RunResult:
 
 
 def summarize(label: str, url: str, model: str, concurrency: int, output_len: int,
-              records: Sequence[RequestRecord], wall_s: float) -> RunResult:
+              records: Sequence[RequestRecord], wall_s: float, peak_rss_bytes: int | None = None) -> RunResult:
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     tokens = sum(r.output_tokens for r in ok)
@@ -74,4 +76,4 @@ def summarize(label: str, url: str, model: str, concurrency: int, output_len: in
         tokens_source=",".join(sources) or "none",
         ttft_ms=_ms_percentiles(ttfts), itl_ms=_ms_percentiles(itls),
         first_error=failed[0].error if failed else "",
-        time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), peak_rss_bytes=peak_rss_bytes)

@@ -54,14 +54,15 @@ def _ms(values: dict) -> str:
 
 def comparison_table(results: Sequence[RunResult]) -> str:
     """One row per server and concurrency, by concurrency then server; the ratio column is
-    output tok/s over the first server's at the same concurrency."""
+    output tok/s over the first server's at the same concurrency; peak RSS is the server's so
+    far (memory.py), "-" where it was not found."""
     labels = labels_in_order(results)
     if not labels:
         return "(no results)"
     baseline = {r.concurrency: r.output_tok_s for r in results if r.label == labels[0]}
     pct = "/".join(f"p{q}" for q in PERCENTILES)
-    lines = [f"| server | c | output tok/s | vs {labels[0]} | req/s | tok/req | TTFT {pct} ms | ITL {pct} ms | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| server | c | output tok/s | vs {labels[0]} | req/s | tok/req | TTFT {pct} ms | ITL {pct} ms | errors "
+             "| peak RSS GB |", "|---|---|---|---|---|---|---|---|---|---|"]
     for result in sorted(results, key=lambda r: (r.concurrency, labels.index(r.label))):
         base = baseline.get(result.concurrency)
         ratio = f"{result.output_tok_s / base:.2f}x" if base else "-"
@@ -69,7 +70,7 @@ def comparison_table(results: Sequence[RunResult]) -> str:
         per_request = f"{result.output_tokens / completed:.1f}" if completed else "-"
         lines.append(f"| {result.label} | {result.concurrency} | {result.output_tok_s:.1f} | {ratio} | "
                      f"{result.request_s:.2f} | {per_request} | {_ms(result.ttft_ms)} | {_ms(result.itl_ms)} | "
-                     f"{result.errors}/{result.requests} |")
+                     f"{result.errors}/{result.requests} | {_gb(result.peak_rss_bytes)} |")
     return "\n".join(lines)
 
 
@@ -91,7 +92,12 @@ def run_line(result: RunResult) -> str:
     errors = f", {result.errors} errors (first: {result.first_error})" if result.errors else ""
     return (f"{result.label} c={result.concurrency}: {result.output_tok_s:.1f} output tok/s, "
             f"{result.request_s:.2f} req/s, TTFT p50 {_fmt(result.ttft_ms.get('p50'))} ms, "
-            f"ITL p50 {_fmt(result.itl_ms.get('p50'))} ms, tokens from {result.tokens_source}{errors}")
+            f"ITL p50 {_fmt(result.itl_ms.get('p50'))} ms, peak RSS {_gb(result.peak_rss_bytes)} GB, "
+            f"tokens from {result.tokens_source}{errors}")
+
+
+def _gb(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 1e9:.2f}"
 
 
 def _fmt(value: float | None) -> str:
