@@ -6,7 +6,6 @@ so shapes stay small; with a CUDA device the same tests run compiled kernels.
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import subprocess
 import sys
@@ -15,10 +14,7 @@ import zlib
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when a kernel is defined
-triton = pytest.importorskip("triton")
+from triton_interpreter import DEVICE, ON_GPU, RUNS_HERE, rerun_in_fresh_process, skip_unless_runnable  # noqa: E402  (first: sets TRITON_INTERPRET)
 
 from switchyard.core.backend import AttentionMetadata, AttentionSpec  # noqa: E402
 from switchyard.core.layers import RMSNorm, SiluAndMul, apply_rotary  # noqa: E402
@@ -26,27 +22,13 @@ from switchyard.core.layers.rotary import RotaryEmbedding  # noqa: E402
 from switchyard.core.ops.attention import ReferenceAttentionKernel, paged_attention_reference  # noqa: E402
 from switchyard.core.ops.attention import write_kv_reference  # noqa: E402
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 TOLERANCE = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
              torch.float16: dict(atol=4e-3, rtol=4e-3)}
 
 
-def _interpreter_is_whole() -> bool:
-    """Triton decides interpreter or compiler when a @jit function is defined; its own
-    library (tl.zeros, tl.max, ...) is defined when triton is imported. If some module
-    imported triton before TRITON_INTERPRET was set, kernels cannot run on a CPU here."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return ON_GPU or isinstance(triton.language.standard.zeros, InterpretedFunction)
-
-
-RUNS_HERE = _interpreter_is_whole()
-
-
 @pytest.fixture(autouse=True)
 def _needs_working_kernels(request):
-    if not RUNS_HERE and request.node.originalname != "test_in_a_fresh_process_if_triton_was_imported_too_early":
-        pytest.skip("triton was imported without TRITON_INTERPRET; the fresh-process test runs this file")
+    skip_unless_runnable(request)
 
 
 import switchyard.backends.cuda.kernels as kernels  # noqa: E402
@@ -314,7 +296,4 @@ def test_importing_the_cuda_attention_module_does_not_import_triton():
 
 @pytest.mark.skipif(RUNS_HERE, reason="the kernels run in this process")
 def test_in_a_fresh_process_if_triton_was_imported_too_early():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rerun_in_fresh_process(__file__)

@@ -4,37 +4,19 @@ backend's layer fusion. Without a GPU it runs under Triton's interpreter, so sha
 stay small."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when a kernel is defined
-triton = pytest.importorskip("triton")
+from triton_interpreter import DEVICE, RUNS_HERE, rerun_in_fresh_process, skip_unless_runnable  # noqa: E402  (first: sets TRITON_INTERPRET)
 
 from switchyard.core.layers.fused_moe import FusedMoE, fused_experts, select_experts  # noqa: E402
 
 
-def _interpreter_is_whole() -> bool:
-    """False if some module imported triton before TRITON_INTERPRET was set (see test_triton_kernels.py)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return ON_GPU or isinstance(triton.language.standard.zeros, InterpretedFunction)
-
-
-RUNS_HERE = _interpreter_is_whole()
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-
-
 @pytest.fixture(autouse=True)
 def _needs_working_kernels(request):
-    if not RUNS_HERE and request.node.originalname != "test_in_a_fresh_process_if_triton_was_imported_too_early":
-        pytest.skip("triton was imported without TRITON_INTERPRET; the fresh-process test runs this file")
+    skip_unless_runnable(request)
 
 
 import switchyard.backends.cuda.kernels as kernels  # noqa: E402
@@ -88,7 +70,4 @@ def test_cuda_fusion_points_moe_layers_at_the_kernel():
 def test_in_a_fresh_process_if_triton_was_imported_too_early():
     if RUNS_HERE:
         return
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rerun_in_fresh_process(__file__)

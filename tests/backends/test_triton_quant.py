@@ -11,7 +11,6 @@ some other module imported triton first), so shapes stay small.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,10 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"  # triton reads it when a kernel is defined
-triton = pytest.importorskip("triton")
+from triton_interpreter import DEVICE, ON_GPU, RUNS_HERE, rerun_in_fresh_process, skip_unless_runnable  # noqa: E402  (first: sets TRITON_INTERPRET)
 
 from switchyard.core.quant import QuantizedWeight, quantize_int8  # noqa: E402
 from switchyard.core.quant.hub.blocks import to_quantized  # noqa: E402
@@ -30,21 +26,9 @@ from switchyard.core.quant.parts import QuantizedParts  # noqa: E402
 from switchyard.core.testing.quant_blocks import BLOCK_FORMATS, random_blocks  # noqa: E402
 
 
-def _interpreter_is_whole() -> bool:
-    """False if some module imported triton before TRITON_INTERPRET was set (see test_triton_kernels.py)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return ON_GPU or isinstance(triton.language.standard.zeros, InterpretedFunction)
-
-
-RUNS_HERE = _interpreter_is_whole()
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-
-
 @pytest.fixture(autouse=True)
 def _needs_working_kernels(request):
-    if not RUNS_HERE and request.node.originalname != "test_in_a_fresh_process_if_triton_was_imported_too_early":
-        pytest.skip("triton was imported without TRITON_INTERPRET; the fresh-process test runs this file")
+    skip_unless_runnable(request)
 
 
 from switchyard.backends.cuda import quant  # noqa: E402
@@ -358,7 +342,4 @@ def test_importing_the_cuda_backend_does_not_import_triton():
 
 @pytest.mark.skipif(RUNS_HERE, reason="the kernels run in this process")
 def test_in_a_fresh_process_if_triton_was_imported_too_early():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rerun_in_fresh_process(__file__)
