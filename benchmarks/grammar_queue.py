@@ -22,37 +22,21 @@ import statistics
 import sys
 import time
 
-from switchyard.core.client import InProcessEngineClient
-from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
+from switchyard.core.config import GrammarConfig
 from switchyard.core.grammar import GrammarError, GrammarSpec
 from switchyard.core.params import SamplingParams
 from switchyard.core.request import Request
 
+from grammar_isolation import heavy_schema, make_client  # noqa: E402  (the same engine and heavy schemas)
+
+HEAVY_SIZE = 10_500  # enum entries of a heavy schema (~250 KB)
 MODES = {"spare": GrammarConfig(), "single": GrammarConfig(num_compile_workers=1, spare_max_spec_bytes=0)}
 ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
-
-
-def heavy_schema(seed: int, size: int = 10_500) -> GrammarSpec:
-    return GrammarSpec.json_schema({"type": "object", "properties": {"pick": {
-        "enum": [f"s{seed}-item-{i:06d}-{'x' * (i % 7)}" for i in range(size)]}}, "required": ["pick"]})
 
 
 def trivial_schema(tag: str) -> GrammarSpec:
     return GrammarSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"const": tag}},
                                     "required": ["n"]})
-
-
-def make_client(grammar: GrammarConfig) -> InProcessEngineClient:
-    def factory():
-        from switchyard.core.engine import EngineCore
-        from switchyard.core.loader import load_tokenizer
-
-        config = EngineConfig(model=ModelConfig(), cache=CacheConfig(num_blocks=512),
-                              scheduler=SchedulerConfig(max_num_seqs=8), grammar=grammar)
-        tokenizer = load_tokenizer(config.model)
-        return EngineCore(config, tokenizer=tokenizer), tokenizer
-
-    return InProcessEngineClient(factory)
 
 
 async def constrained_request(client, prompt_ids: list[int], spec: GrammarSpec, rid: str) -> float:
@@ -83,7 +67,7 @@ async def run_mode(mode: str, rounds: int) -> dict:
     alone, loaded, outcomes = [], [], []
     for r in range(rounds):
         alone.append(await constrained_request(client, ids, trivial_schema(f"alone-{r}"), f"alone-{r}"))
-        heavy = [asyncio.create_task(compile_outcome(client, heavy_schema(2 * r + i))) for i in range(2)]
+        heavy = [asyncio.create_task(compile_outcome(client, heavy_schema(2 * r + i, HEAVY_SIZE))) for i in range(2)]
         await asyncio.sleep(0.5)  # both are compiling
         loaded.append(await constrained_request(client, ids, trivial_schema(f"loaded-{r}"), f"loaded-{r}"))
         outcomes += await asyncio.gather(*heavy)
@@ -102,7 +86,7 @@ def main() -> int:
     parser.add_argument("--modes", default="spare,single")
     args = parser.parse_args()
     print(f"a trivial-schema request (compile + 8 tokens), alone vs while 2 heavy schemas compile "
-          f"(~{len(heavy_schema(0).value) // 1024} KB each); medians of {args.rounds} rounds, in seconds\n")
+          f"(~{len(heavy_schema(0, HEAVY_SIZE).value) // 1024} KB each); medians of {args.rounds} rounds, in seconds\n")
     print(f"{'mode':7} {'alone':>7} {'loaded':>7} {'ratio':>6} {'worst':>7}  heavy outcomes         endless $ref")
     missed = False
     for mode in args.modes.split(","):
