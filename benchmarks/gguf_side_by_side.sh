@@ -37,7 +37,7 @@ if [ "${1:-}" = build ]; then
   # plus llama-quantize. On AMX CPUs -DGGML_NATIVE=ON builds ggml's AMX path, whose worker
   # threads die with SIGILL on the first request (README): build AVX-512 by name there.
   mkdir -p $PEERS/dl $PEERS/src $PEERS/logs $PEERS/results
-  [ -f $PEERS/dl/llama_cpp_python-$V.tar.gz ] || pip download --no-deps --no-binary :all: llama-cpp-python==$V -d $PEERS/dl
+  [ -f $PEERS/dl/llama_cpp_python-$V.tar.gz ] || pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==$V -d $PEERS/dl
   [ -d $PEERS/src/llama_cpp_python-$V ] || tar xzf $PEERS/dl/llama_cpp_python-$V.tar.gz -C $PEERS/src
   if grep -q amx_tile /proc/cpuinfo; then
     ARCH="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
@@ -60,7 +60,8 @@ fi
 GGUF=${1:?usage: $0 build | $0 FILE.gguf [switchyard serve args...]}
 shift
 GGUF=$(readlink -f "$GGUF")
-[ -f "$GGUF" ] || { echo "no file $GGUF"; exit 1; }
+# a checkpoint directory (e.g. benchmarks/gptq_models.py's) is served by Switchyard alone (SERVERS=switchyard)
+[ -f "$GGUF" ] || [ -d "$GGUF" ] || { echo "no file $GGUF"; exit 1; }
 [ -x $BPY ] || { echo "no $BPY: run $0 build"; exit 1; }
 SY_ARGS=("$@")
 ROWS=${ROWS:-"1:8 8:32 32:64 long"}
@@ -221,7 +222,7 @@ e = os.environ
 r = json.loads(open(row).read().splitlines()[-1])
 pk = json.load(open(rss)); lf = json.load(open(life))
 r.update(run_id=e["RUN_ID"], server=e["SERVER"], row=e["ROW"], gguf=e["GGUF"],
-         gguf_bytes=os.path.getsize(e["GGUF"]), server_args=e["SERVER_ARGS"].strip(), mode=e["MODE"],
+         gguf_bytes=os.path.getsize(e["GGUF"]) if os.path.isfile(e["GGUF"]) else sum(os.path.getsize(os.path.join(e["GGUF"], f)) for f in os.listdir(e["GGUF"]) if f.endswith(".safetensors")), server_args=e["SERVER_ARGS"].strip(), mode=e["MODE"],
          cpu=next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
          peak_rss_bytes=pk["peak_rss_bytes"], peak_rss_gb=round(pk["peak_rss_bytes"] / 2**30, 3),
          procs_at_peak=pk["procs_at_peak"], rss_samples=pk["samples"],
