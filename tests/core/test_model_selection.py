@@ -173,7 +173,9 @@ def test_serve_logs_the_path_at_start(model_dirs, capsys, monkeypatch):
     import switchyard.gateway.serve as serve
 
     monkeypatch.setattr(app, "create_app", lambda settings, client: SimpleNamespace(state=SimpleNamespace(drain=None)))
-    monkeypatch.setattr(serve, "DrainingServer", lambda config, drain: SimpleNamespace(run=lambda: None))
+    # the server listens before the engine starts: the stub serves until the engine has checked the model
+    monkeypatch.setattr(serve, "DrainingServer", lambda config, drain, engine, **_: SimpleNamespace(
+        run=lambda **_: engine.wait_model_checked(120)))
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
