@@ -96,7 +96,7 @@ class ThreadClient(InProcessEngineClient):
     def wait_model_checked(self, timeout=None):
         return "(engine in a thread)"
 
-serve.make_engine_client = lambda config, json_output=False: ThreadClient(lambda: build_engine(config))
+serve.make_engine_client = lambda config, json_output=False, *data_parallel: ThreadClient(lambda: build_engine(config))
 from switchyard.gateway.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -49,6 +49,10 @@ class Capabilities:
     # Why this backend cannot run a model in shards here (--num-shard > 1 is refused with it,
     # in one line); "" = it can, given a dist_backend.
     unshardable_reason: str = ""
+    # Whether a decoding request may carry several query tokens in one step (its last token and
+    # speculative proposals, core/spec), with logits at each: attention over the existing KV
+    # context as for a prompt chunk. Speculative decoding is turned off (one logged line) where not.
+    multi_token_decode: bool = False
 
 
 @dataclass(frozen=True)

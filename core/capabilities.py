@@ -13,7 +13,9 @@ Called once when an engine starts, before anything is loaded:
   would fail later inside a kernel, or silently compute something else;
 - prefix caching or mixed prefill/decode steps, asked of a backend that declares it cannot do
   them, are turned off with one logged line (as vLLM does for prefix caching): both are
-  optimisations, and the engine serves the same tokens without them.
+  optimisations, and the engine serves the same tokens without them;
+- so is speculative decoding (--speculate), asked of a backend that does not declare
+  multi-token decode queries (Capabilities.multi_token_decode).
 """
 from __future__ import annotations
 
@@ -84,4 +86,8 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if config.scheduler.mixed_prefill_decode and not caps.mixed_prefill_decode:
         logger.info("steps are prefill-only or decode-only: backend %r cannot mix them", backend)
         config = replace(config, scheduler=replace(config.scheduler, mixed_prefill_decode=False))
+    if config.speculative.enabled and not caps.multi_token_decode:
+        logger.info("speculative decoding off: backend %r cannot verify several tokens of a decode in one step",
+                    backend)
+        config = replace(config, speculative=replace(config.speculative, num_speculative_tokens=0))
     return config

@@ -29,6 +29,7 @@ from .errors import EngineDeadError
 from .request import Request, RequestOutput
 
 if TYPE_CHECKING:
+    from .config import TracingConfig
     from .grammar.spec import GrammarSpec
 
 __all__ = ["ChannelEngineClient", "EngineClient", "EngineDeadError", "EngineLoad", "InProcessEngineClient",
@@ -258,13 +259,16 @@ class InProcessEngineClient(ChannelEngineClient):
     """Runs the engine loop in a background thread; `engine_factory()` returns
     (engine_core, tokenizer) and runs in that thread, so loading the model does not hold
     up the HTTP server (which answers /health with 503 meanwhile). `engine` is the
-    EngineCore once built (tests inspect it)."""
+    EngineCore once built (tests inspect it). `tracing`: the engine's spans, as the engine
+    process would export them (core/tracing.py)."""
 
     def __init__(self, engine_factory: Callable[[], tuple[object, object]],
-                 on_step: Callable[[StepStats], None] | None = None, warm_up: bool = True):
+                 on_step: Callable[[StepStats], None] | None = None, warm_up: bool = True,
+                 tracing: TracingConfig | None = None):
         super().__init__(on_step)
         self._engine_factory = engine_factory
         self._warm_up = warm_up
+        self._tracing = tracing
         self._thread: threading.Thread | None = None
         self.engine = None
 
@@ -273,7 +277,7 @@ class InProcessEngineClient(ChannelEngineClient):
 
         def run() -> None:
             try:
-                serve_engine(theirs, self._build, self._warm_up)
+                serve_engine(theirs, self._build, self._warm_up, self._tracing)
             finally:
                 theirs.close()
 

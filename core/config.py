@@ -5,6 +5,13 @@ import os
 from dataclasses import dataclass, field
 
 
+def default_cache_root() -> str:
+    """Where Switchyard keeps what it builds once (converted GGUF directories, compiled kernels,
+    engine environments) when ModelConfig.cache_dir is None: $XDG_CACHE_HOME/switchyard."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "switchyard")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What to load. `model` is None for the default model, a local HF directory,
@@ -124,6 +131,11 @@ def default_compile_workers() -> int:
     return max(1, min(2, cores))
 
 
+# ParallelConfig.executor_backend's values, and Ray's placement strategies (ray_placement_strategy).
+EXECUTOR_BACKENDS = ("mp", "ray")
+RAY_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Tensor parallelism (--num-shard): world = tensor_parallel_size shards, split evenly
@@ -137,10 +149,59 @@ class ParallelConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    # The logical CPUs this engine's process (and so its shards and grammar workers) may run on;
+    # None = what the server may. Set per data-parallel replica (gateway/replicas.py) so replicas
+    # never share cores; applied once, first thing in the engine process (core/engine_process.py),
+    # before the backend plans its threads from the process's affinity.
+    cpus: tuple[int, ...] | None = None
+    # Who starts shards 1..N-1 (vLLM's --distributed-executor-backend): "mp" = the backend's
+    # launcher (local processes, one `serve` per node); "ray" = Ray actors in a placement group
+    # on the cluster at ray_address (core/ray_launcher.py), one bundle per shard placed with
+    # ray_placement_strategy (PACK | SPREAD | STRICT_PACK | STRICT_SPREAD).
+    executor_backend: str = "mp"
+    ray_address: str = "auto"
+    ray_placement_strategy: str = "PACK"
 
     @property
     def sharded(self) -> bool:
         return self.tensor_parallel_size > 1
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (core/spec/, TGI's --speculate): each decoding request may verify up to
+    `num_speculative_tokens` proposed tokens per step; 0 = off. Proposals come from n-gram lookup
+    in the request's own tokens (prompt and output): the longest suffix of `ngram_max` down to
+    `ngram_min` tokens that occurred before, within the last `ngram_window` tokens (0 = all).
+    A request whose acceptance rate stays below `min_acceptance` over its last proposals stops
+    proposing for a while (core/spec/adaptive.py), so non-repetitive traffic is not slowed."""
+
+    num_speculative_tokens: int = 0  # --speculate N
+    method: str = "ngram"  # the proposer (core/spec/proposer.py); a draft model is not built yet
+    ngram_min: int = 1
+    ngram_max: int = 4
+    ngram_window: int = 0
+    min_acceptance: float = 0.3
+    adaptive: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry tracing (core/tracing.py, gateway/tracing.py), TGI's --otlp-endpoint and
+    --otlp-service-name; off while `otlp_endpoint` is None. Both processes export their own spans
+    to the same collector; the exporters read the rest of OTEL_EXPORTER_OTLP_* themselves."""
+
+    otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4317 (gRPC) or :4318 (HTTP)
+    service_name: str = "switchyard"
+    protocol: str = "grpc"  # "grpc" | "http/protobuf" (OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL)
+
+    @property
+    def enabled(self) -> bool:
+        return self.otlp_endpoint is not None
 
 
 @dataclass(frozen=True)
@@ -150,6 +211,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     backend: str | None = None  # None = the best usable backend
     # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
     # None = the backend's own buckets, () = no graphs.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
@@ -20,6 +21,7 @@ from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .kv.sizing import KVCacheSize
+from .spec import num_accepted
 from .shard_worker import ShardSet, build_shard_model, kv_bytes_per_block, num_kv_blocks_for  # noqa: F401 - re-export
 
 logger = logging.getLogger(__name__)
@@ -48,9 +50,10 @@ class EngineCore:
         self.scheduler = Scheduler.for_engine(config, num_blocks)
         self.sampler = Sampler()
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
-                               self.loaded.eos_token_ids)
+                               self.loaded.eos_token_ids, config.speculative.num_speculative_tokens)
         self._generators: dict[str, torch.Generator] = {}
         self.last_scheduler_output: SchedulerOutput | None = None  # for step metrics
+        self.last_num_accepted = 0  # speculative tokens the last step accepted (step metrics)
         self._prompt_logprobs: dict[str, list] = {}  # request id -> scored prompt tokens so far
         self._tokenizer = tokenizer
         self.grammar_service = GrammarCompileService(self._make_grammar_compiler, config.grammar)
@@ -118,6 +121,7 @@ class EngineCore:
         failed = self._queue_compiled() if self._awaiting_grammar else []
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
+        self.last_num_accepted = 0
         if scheduler_output.is_empty:
             if self._awaiting_grammar and not failed:
                 wait([f for _, f in self._awaiting_grammar.values()], timeout=0.05, return_when=FIRST_COMPLETED)
@@ -129,26 +133,45 @@ class EngineCore:
             self.scheduler.update(scheduler_output, {})
             return failed
         requests = [self.scheduler.get_request(rid) for rid in request_ids]
-        grammar_mask = self.constrained.mask(request_ids)
-        sampled = self.sampler(logits, [self._sample_row(r) for r in requests], grammar_mask)
-        token_ids = dict(zip(request_ids, sampled.token_ids))
-        rejected = self._advance_grammars(token_ids) if grammar_mask is not None else ()
+        plan = VerifyPlan.of(scheduler_output, request_ids)
+        rows = [row for request, drafts in zip(requests, plan.drafts) for row in self._sample_rows(request, drafts)]
+        grammar_mask = self.constrained.mask(plan.row_request_ids)
+        rewinds = self._generator_states(plan)
+        sampled = self.sampler(logits, rows, grammar_mask)
+        token_ids = {rid: plan.accepted(i, sampled.token_ids) for i, rid in enumerate(request_ids)}
+        self.last_num_accepted = sum(len(t) - 1 for t in token_ids.values())
+        for rid, state in rewinds.items():
+            _rewind(self._generators[rid], state, len(token_ids[rid]), logits.shape[-1])
+        rejected = self._advance_grammars({rid: token_ids[rid][0] for rid in request_ids if rid in self.constrained}
+                                          ) if grammar_mask is not None else ()
+        num_before = [len(r.output_token_ids) for r in requests]
         finished = self.scheduler.update(scheduler_output, token_ids)
         reasons = {r.request_id: r.finish_reason for r in finished}
         if grammar_mask is not None:
-            self._finish_complete_grammars([request_ids[i] for i in grammar_mask.rows], reasons)
+            self._finish_complete_grammars([plan.row_request_ids[i] for i in grammar_mask.rows], reasons)
         for rid in reasons:
             self._generators.pop(rid, None)
             self.constrained.remove(rid)
         failed += [self._fail(rid, GrammarError("the grammar rejected the sampled token (internal error)"))
                    for rid in rejected]
-        return failed + [
-            EngineCoreOutput(rid, (token,), reasons.get(rid),
-                             sampled.logprobs[i] if sampled.logprobs else None,
-                             tuple(sampled.top_logprobs[i]) if sampled.top_logprobs else None,
-                             self._take_prompt_logprobs(requests[i]))
-            for i, (rid, token) in enumerate(zip(request_ids, sampled.token_ids))
-        ]
+        outputs = []
+        for i, (rid, request) in enumerate(zip(request_ids, requests)):
+            # the tokens the scheduler appended: a stop inside an accepted run ends it there
+            count = len(request.output_token_ids) - num_before[i]
+            first = plan.starts[i]
+            outputs.append(EngineCoreOutput(
+                rid, tuple(token_ids[rid][:count]), reasons.get(rid),
+                tuple(sampled.logprobs[first:first + count]) if sampled.logprobs else None,
+                tuple(tuple(t) for t in sampled.top_logprobs[first:first + count]) if sampled.top_logprobs else None,
+                self._take_prompt_logprobs(request)))
+        return failed + outputs
+
+    def _generator_states(self, plan: VerifyPlan) -> dict[str, torch.Tensor]:
+        """The generator state of each seeded request that verifies proposals, before sampling:
+        its k + 1 positions draw k + 1 times, and it is rewound to as many draws as tokens it
+        keeps, so a seed gives the same tokens as without speculation."""
+        return {rid: self._generators[rid].get_state() for rid, drafts in zip(plan.request_ids, plan.drafts)
+                if drafts and rid in self._generators}
 
     def _queue_compiled(self) -> list[EngineCoreOutput]:
         """Queue the waiting requests whose grammar is now compiled; fail those it failed."""
@@ -208,11 +231,57 @@ class EngineCore:
         scored = self._prompt_logprobs.pop(request.request_id, [])
         return ((request.prompt_token_ids[0], None, ()),) + tuple(scored)
 
-    def _sample_row(self, request: Request) -> SampleRow:
+    def _sample_rows(self, request: Request, drafts: tuple[int, ...]) -> list[SampleRow]:
+        """One row per position the request samples: its next token, and after each proposed
+        token the one that would follow it (the outputs then include the proposals before it,
+        so penalties and min_tokens see what they would see without speculation)."""
+        rows = [self._sample_row(request, request.output_token_ids)]
+        for j in range(1, len(drafts) + 1):
+            rows.append(self._sample_row(request, request.output_token_ids + list(drafts[:j])))
+        return rows
+
+    def _sample_row(self, request: Request, output_token_ids: list[int]) -> SampleRow:
         params = request.sampling_params
         banned: tuple[int, ...] = ()
-        if len(request.output_token_ids) < params.min_tokens:
+        if len(output_token_ids) < params.min_tokens:
             banned = params.stop_token_ids + (() if params.ignore_eos else request.eos_token_ids)
             banned = self.constrained.feasible_bans(request.request_id, banned)
         return SampleRow(request.request_id, params, self._generators.get(request.request_id),
-                         request.prompt_token_ids, request.output_token_ids, banned)
+                         request.prompt_token_ids, output_token_ids, banned)
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """How one step's sampled rows map to its requests: a request that verifies k proposed
+    tokens has k + 1 consecutive rows (core/spec/acceptance.py), any other one row."""
+
+    request_ids: tuple[str, ...]
+    drafts: tuple[tuple[int, ...], ...]  # each request's proposed tokens (() for most)
+    starts: tuple[int, ...]  # each request's first row
+    row_request_ids: tuple[str, ...]  # the request of each row
+
+    @classmethod
+    def of(cls, scheduler_output: SchedulerOutput, request_ids: tuple[str, ...]) -> VerifyPlan:
+        by_id = {s.request_id: s for s in scheduler_output.scheduled if s.num_draft_tokens}
+        drafts = tuple(by_id[rid].draft_token_ids if rid in by_id else () for rid in request_ids)
+        starts, row_ids, row = [], [], 0
+        for rid, draft in zip(request_ids, drafts):
+            starts.append(row)
+            row_ids.extend([rid] * (len(draft) + 1))
+            row += len(draft) + 1
+        return cls(tuple(request_ids), drafts, tuple(starts), tuple(row_ids))
+
+    def accepted(self, index: int, sampled: list[int]) -> list[int]:
+        """The tokens request `index` produces: its accepted proposals and the sample after them."""
+        drafts, first = self.drafts[index], self.starts[index]
+        targets = sampled[first:first + len(drafts) + 1]
+        return targets[:num_accepted(drafts, targets) + 1]
+
+
+def _rewind(generator: torch.Generator, state: torch.Tensor, num_draws: int, vocab_size: int) -> None:
+    """Put `generator` where it would be after `num_draws` rows of sampling noise from `state`
+    (core/sampling.py draws one vocabulary-wide row of exponentials per sampled position)."""
+    generator.set_state(state)
+    noise = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
+    for _ in range(num_draws):
+        noise.exponential_(generator=generator)

@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import replace
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .engine_channel import Channel
 from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
@@ -20,6 +21,10 @@ from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLo
 from .errors import BackendError, EngineDeadError, ShardTerminated
 from .output_processor import OutputProcessor
 from .request import FinishReason, Request
+from .tracing import EngineTracer
+
+if TYPE_CHECKING:
+    from .config import TracingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +32,10 @@ HEALTH_INTERVAL_S = 0.5
 
 
 def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, object]],
-                 warm_up: bool = True) -> None:
+                 warm_up: bool = True, tracing: TracingConfig | None = None) -> None:
     """Build the engine (`engine_factory() -> (EngineCore, tokenizer)`), warm it up, say
-    `Ready` (or `StartupFailed`), then run the loop until `Stop` or the owner goes away."""
+    `Ready` (or `StartupFailed`), then run the loop until `Stop` or the owner goes away.
+    With `tracing` on, the loop exports the engine's spans (core/tracing.py)."""
     try:
         engine, tokenizer = engine_factory()
     except BackendError as exc:  # the configuration does not fit this backend (e.g. its KV cache): one line
@@ -40,7 +46,14 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
         logger.exception("engine start-up failed")
         channel.send(StartupFailed(portable(exc)))
         return
-    loop = EngineLoop(channel, engine, tokenizer)
+    try:
+        tracer = EngineTracer.start(tracing) if tracing is not None and tracing.enabled else None
+    except BaseException as exc:  # noqa: BLE001 - e.g. an unsupported OTLP protocol: a start-up error
+        logger.error("engine tracing could not start: %s", exc)
+        channel.send(StartupFailed(portable(exc)))
+        engine.shutdown()
+        return
+    loop = EngineLoop(channel, engine, tokenizer, tracer=tracer)
     try:
         if warm_up:
             loop.warm_up()
@@ -49,14 +62,18 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
         logger.exception("engine warm-up failed")
         channel.send(StartupFailed(portable(exc)))
         engine.shutdown()
+        if tracer is not None:
+            tracer.shutdown()
         return
     logger.info("engine warmed up and ready")
     loop.run()
 
 
 class EngineLoop:
-    def __init__(self, channel: Channel, engine, tokenizer, health_interval_s: float = HEALTH_INTERVAL_S):
+    def __init__(self, channel: Channel, engine, tokenizer, health_interval_s: float = HEALTH_INTERVAL_S,
+                 tracer: EngineTracer | None = None):
         self.channel = channel
+        self.tracer = tracer  # None: tracing off, nothing is timed or recorded
         self.engine = engine
         self.health_interval_s = health_interval_s
         self.tokenizer = tokenizer
@@ -87,6 +104,8 @@ class EngineLoop:
             self.channel.send(Dead(portable(exc)))
         finally:
             self.engine.shutdown()
+            if self.tracer is not None:
+                self.tracer.shutdown()  # flushes the last spans to the collector
 
     def load(self) -> EngineLoad:
         scheduler = self.engine.scheduler
@@ -136,6 +155,8 @@ class EngineLoop:
                 added.append(request.request_id)
                 self._request_ids.add(request.request_id)
                 self.processor.add_request(request)
+                if self.tracer is not None:
+                    self.tracer.add(request, time.time_ns())
         except Exception as exc:  # noqa: BLE001 - handed to the caller; all or none
             for request_id in added:
                 self._abort(request_id)
@@ -148,6 +169,8 @@ class EngineLoop:
             self._request_ids.discard(request_id)
             self.engine.finish_request(request_id, FinishReason.ABORT)
             self.processor.remove_request(request_id)
+            if self.tracer is not None:
+                self.tracer.end(request_id, time.time_ns(), FinishReason.ABORT.value)
 
     def _compile(self, command: CompileGrammar) -> None:
         """On the engine's grammar workers; answered from their thread when done."""
@@ -160,6 +183,7 @@ class EngineLoop:
     # -- steps ----------------------------------------------------------------------------
     def _step(self) -> None:
         start = time.perf_counter()
+        start_ns = time.time_ns() if self.tracer is not None else 0
         try:
             outputs = self.processor.process(self.engine.step())
         except ShardTerminated:
@@ -176,6 +200,8 @@ class EngineLoop:
                 self._request_ids.discard(out.request_id)
             if out.error is not None:
                 outputs[i] = replace(out, error=portable(out.error))
+        if self.tracer is not None:
+            self.tracer.step(self.engine.last_scheduler_output, outputs, start_ns, time.time_ns())
         load = self.load()
         self.channel.send(StepDone(tuple(outputs), load, self._step_stats(load, time.perf_counter() - start)))
 
@@ -183,9 +209,14 @@ class EngineLoop:
         last = self.engine.last_scheduler_output
         scheduled = last.scheduled if last is not None else ()
         num_tokens = sum(s.num_new_tokens for s in scheduled)
-        num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
+        # a decode verifying k proposed tokens (core/spec) computes 1 + k tokens, none of them prompt
+        decodes = [s for s in scheduled if s.num_new_tokens == 1 or s.num_draft_tokens]
+        num_decodes = len(decodes)
+        num_decode_tokens = sum(s.num_new_tokens for s in decodes)
         return StepStats(
-            load=load, num_scheduled_tokens=num_tokens, num_prefill_tokens=num_tokens - num_decodes,
+            load=load, num_scheduled_tokens=num_tokens, num_prefill_tokens=num_tokens - num_decode_tokens,
             num_decodes=num_decodes, duration_s=duration_s,
             num_prefix_queried_tokens=last.num_prefix_queried_tokens if last is not None else 0,
-            num_prefix_hit_tokens=last.num_prefix_hit_tokens if last is not None else 0)
+            num_prefix_hit_tokens=last.num_prefix_hit_tokens if last is not None else 0,
+            num_spec_proposed_tokens=sum(s.num_draft_tokens for s in scheduled),
+            num_spec_accepted_tokens=self.engine.last_num_accepted)

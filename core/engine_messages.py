@@ -24,6 +24,7 @@ class EngineInfo:
     block_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    speculate: int = 0  # proposed tokens a decode may verify per step (0: no speculative decoding)
 
     @property
     def max_batch_total_tokens(self) -> int:
@@ -53,6 +54,9 @@ class StepStats:
     # prefix cache, over this step's admissions: prompt tokens looked up, and found cached
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    # speculative decoding, in this step: proposed tokens verified, and of them accepted
+    num_spec_proposed_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
 
 
 # -- commands (owner -> engine loop) ------------------------------------------------------

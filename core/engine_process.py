@@ -34,8 +34,9 @@ from multiprocessing.connection import Connection
 from collections.abc import Callable
 
 from .client import ChannelEngineClient
-from .config import EngineConfig
+from .config import EngineConfig, default_cache_root
 from .engine_channel import Channel, PipeChannel
+from .engine_environment import EnvironmentPrediction, missing_from_process
 from .engine_messages import ModelChecked, StartupFailed, StepStats, portable
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class _StartArgs:
     log_setup: Callable[[], None] | None
 
 
-RESTARTED_FLAG = "--start-args-fd"  # argv[2] of a re-executed engine process; argv[3] is the fd
+RESTARTED_FLAG = "--start-args-fd"  # argv[2] of a re-executed engine process; argv[3] is the fd, then the stage and prediction key
 
 
 def main(argv: list[str]) -> None:
@@ -116,37 +117,69 @@ def main(argv: list[str]) -> None:
         args = _read_start_args(int(argv[3])) if restarted else channel.recv(None)
         if args.log_setup is not None:
             args.log_setup()
-        missing = _missing_environment(args.config)
-        if missing and not restarted:
-            _restart_with(missing, pipe_fd, args)
-        if missing:
-            logger.warning("the engine process runs without %s: still not in effect after a restart",
-                           ", ".join(f"{k}={v}" for k, v in missing.items()))
+        if args.config.parallel.cpus is not None and not restarted:  # kept by the re-exec below
+            os.sched_setaffinity(0, args.config.parallel.cpus)
+        _settle_environment(args, pipe_fd, argv[4:6] if restarted else None)
         from .engine_loop import serve_engine
 
         if _check_model(channel, args.config):
-            serve_engine(channel, lambda: build_engine(args.config), args.warm_up)
+            serve_engine(channel, lambda: build_engine(args.config), args.warm_up, args.config.tracing)
     except EOFError:
         pass  # the gateway went away before we started
     finally:
         channel.close()
 
 
-def _missing_environment(config: EngineConfig) -> dict[str, str]:
-    """What of its backend's process environment this process was not started with ({} for
-    a backend that asks for nothing, or one that cannot be selected: _check_model says why)."""
+_PREDICTED, _VERIFIED = "predicted", "verified"  # argv[4]: what the environment of a re-exec came from
+
+
+def _settle_environment(args: _StartArgs, pipe_fd: int, handed: list[str] | None) -> None:
+    """Re-executes this process (at most twice) until it runs in its backend's environment.
+    A first start re-executes at once with the environment predicted from the last start of
+    this configuration (core/engine_environment.py), before importing torch; the backend's
+    own answer, asked afterwards, corrects a stale prediction with one more re-exec. With no
+    prediction, the backend is asked first, as a first start must."""
+    root = args.config.model.cache_dir or default_cache_root()
+    # a re-exec's environment differs from its first stage's, so its key is handed over
+    stage, key = (handed + [_VERIFIED, None])[:2] if handed is not None else (None, None)
+    prediction = EnvironmentPrediction(args.config, root, key)
+    wanted = None
+    if stage is None:
+        predicted = prediction.load()
+        if predicted is None:
+            stage, wanted = _VERIFIED, _wanted_environment(args.config)
+            prediction.store(wanted)
+        else:
+            stage = _PREDICTED
+        missing = missing_from_process(predicted if predicted is not None else wanted)
+        if missing:
+            _restart_with(missing, pipe_fd, args, stage, prediction.key)
+    if wanted is None:
+        wanted = _wanted_environment(args.config)
+        prediction.store(wanted)
+    missing = missing_from_process(wanted)
+    if missing and stage == _PREDICTED:
+        _restart_with(missing, pipe_fd, args, _VERIFIED, prediction.key)
+    if missing:
+        logger.warning("the engine process runs without %s: still not in effect after a restart",
+                       ", ".join(f"{k}={v}" for k, v in missing.items()))
+
+
+def _wanted_environment(config: EngineConfig) -> dict[str, str]:
+    """Its backend's process environment ({} for a backend that asks for nothing, or one that
+    cannot be selected: _check_model says why)."""
     from .plugins import select_backend
 
     try:
-        wanted = select_backend(config.backend).process_environment(config)
+        return select_backend(config.backend).process_environment(config)
     except Exception:  # noqa: BLE001 - reported by _check_model, as a start-up error
         return {}
-    return {name: value for name, value in wanted.items() if os.environ.get(name) != value}
 
 
-def _restart_with(environment: dict[str, str], pipe_fd: int, args: _StartArgs) -> None:
+def _restart_with(environment: dict[str, str], pipe_fd: int, args: _StartArgs, stage: str, key: str) -> None:
     """Replaces this process by a fresh engine process with `environment` added (never returns)."""
-    logger.info("engine process environment: %s", " ".join(f"{k}={v}" for k, v in sorted(environment.items())))
+    logger.info("engine process environment%s: %s", " (as at the last start)" if stage == _PREDICTED else "",
+                " ".join(f"{k}={v}" for k, v in sorted(environment.items())))
     start_args = tempfile.TemporaryFile()  # unlinked: gone once both processes close it
     pickle.dump(args, start_args)
     start_args.flush()
@@ -156,7 +189,7 @@ def _restart_with(environment: dict[str, str], pipe_fd: int, args: _StartArgs) -
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "switchyard.core.engine_process", str(pipe_fd),
-                               RESTARTED_FLAG, str(start_args.fileno())], {**os.environ, **environment})
+                               RESTARTED_FLAG, str(start_args.fileno()), stage, key], {**os.environ, **environment})
 
 
 def _read_start_args(fd: int) -> _StartArgs:

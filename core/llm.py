@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .chat_template import render_chat
-from .config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from .config import (CacheConfig, EngineConfig, GrammarConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                     SpeculativeConfig)
 from .engine import EngineCore
 from .loader import load_tokenizer
 from .output_processor import OutputProcessor
@@ -59,8 +60,9 @@ class LLM:
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
-                 parallel: ParallelConfig | None = None):
-        """`chat_template`: a Jinja file's path or template text, for a model without one."""
+                 parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None):
+        """`chat_template`: a Jinja file's path or template text, for a model without one.
+        `speculative`: speculative decoding (core/spec), e.g. SpeculativeConfig(num_speculative_tokens=4)."""
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, quantize=quantize, load_format=load_format, seed=seed,
                               max_model_len=max_model_len, chat_template=chat_template, model_impl=model_impl,
@@ -70,6 +72,7 @@ class LLM:
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
             backend=backend, grammar=grammar or GrammarConfig(),
             parallel=parallel or ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            speculative=speculative or SpeculativeConfig(),
         )
         self.tokenizer = load_tokenizer(self.config.model)
         self.engine = EngineCore(self.config, tokenizer=self.tokenizer)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from .request import EngineCoreOutput, FinishReason, Request, RequestOutput, decide_finish
 from .tokenizer import IncrementalDetokenizer
@@ -43,6 +44,8 @@ class OutputProcessor:
             finish_reason = decide_finish(out.finish_reason, stop_string)
             if out.finish_reason is None and finish_reason is not None:
                 self._finish(out.request_id, finish_reason)  # the engine still holds it: free it now
+            if stop_string is not None and state.detokenizer.num_read < len(out.new_token_ids):
+                out = _truncated(out, state.detokenizer.num_read)  # tokens past the stop string: dropped
             state.num_output_tokens += len(out.new_token_ids)
             if finish_reason is not None:
                 del self._states[out.request_id]
@@ -50,9 +53,15 @@ class OutputProcessor:
                 request_id=out.request_id, new_token_ids=out.new_token_ids, new_text=text,
                 finished=finish_reason is not None, finish_reason=finish_reason,
                 num_prompt_tokens=state.request.num_prompt_tokens, num_output_tokens=state.num_output_tokens,
-                logprobs=None if out.logprob is None else (out.logprob,),
-                top_logprobs=None if out.top_logprobs is None else (out.top_logprobs,),
+                logprobs=out.logprobs, top_logprobs=out.top_logprobs,
                 first_scheduled_time=state.request.first_scheduled_time,
                 num_cached_tokens=state.request.num_cached_tokens,
                 prompt_logprobs=out.prompt_logprobs, error=out.error))
         return results
+
+
+def _truncated(out: EngineCoreOutput, num_tokens: int) -> EngineCoreOutput:
+    """The first `num_tokens` of a step's tokens, with their log-probabilities."""
+    return replace(out, new_token_ids=out.new_token_ids[:num_tokens],
+                   logprobs=None if out.logprobs is None else out.logprobs[:num_tokens],
+                   top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:num_tokens])

@@ -86,6 +86,9 @@ class Request:
     share_group: str | None = None
     block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, in order (kept on preemption)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    # W3C trace context of the gateway's request span ({"traceparent": ..., "tracestate": ...}) when
+    # tracing is on: the engine's queue/prefill/decode spans are its children (core/tracing.py)
+    trace_context: dict[str, str] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -158,8 +161,9 @@ class EngineCoreOutput:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None
-    logprob: float | None = None
-    top_logprobs: tuple[tuple[int, float], ...] | None = None
+    # of each new token (several in a step that accepted speculative tokens), when asked for
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     # with the first token, when asked for: (token id, logprob or None for the first, top-n)
     prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None
     error: BaseException | None = None  # the request failed (finish_reason ABORT, no tokens)

@@ -14,8 +14,10 @@ class StepInput:
     input_ids: torch.Tensor  # [T] int64, every scheduled token, request after request
     positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [S] int64: last token of each request that samples
-    sampling_request_ids: tuple[str, ...]  # the S requests, in the order of the logits rows
+    # [R] int64: the last token of each request that samples; of a request verifying k proposed
+    # tokens (core/spec), its last k + 1 tokens, in order (ScheduledRequest.num_logits rows)
+    logits_indices: torch.Tensor
+    sampling_request_ids: tuple[str, ...]  # the S requests that sample, in the order of their rows
     # (request id, first flat token index, count) of positions whose logits score prompt tokens
     prompt_logits_spans: tuple[tuple[str, int, int], ...] = ()
 
@@ -52,7 +54,8 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         query_start_loc.append(query_start_loc[-1] + n)
         seq_lens.append(start + n)
         if s.samples:
-            logits_indices.append(query_start_loc[-1] - 1)
+            end = query_start_loc[-1]
+            logits_indices.extend(range(end - s.num_logits, end))
             sampling_ids.append(s.request_id)
         if s.computes_prompt_logprobs:
             # position j scores token j + 1; the last position of a final chunk scores an output
@@ -98,7 +101,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
-        """Returns float32 logits [S, vocab] of the requests that sample, and their ids."""
+        """Returns float32 logits [R, vocab] of the requests that sample (ScheduledRequest.num_logits
+        rows each: one, or k + 1 for a request verifying k proposals), and their ids."""
         step = build_step_input(scheduler_output, self.block_size, self.backend.device)
         hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
         self.last_prompt_logits = {rid: self.model.compute_logits(hidden[start:start + count])

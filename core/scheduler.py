@@ -14,6 +14,11 @@ preempted (recomputed later; its hashed blocks usually survive in the cache), a
 prompt chunk shrinks to the room left, and a step that preempted or left a running
 request without room admits nobody, so the head of the queue is never overtaken.
 
+Speculative decoding (core/spec): a decode whose request has proposals (and room for them in
+the budget and the block pool; they never preempt anyone) is scheduled as its last token plus the
+proposed ones; `update()` takes the accepted run, rolls the computed count back to it and gives
+back the blocks that held only rejected tokens.
+
 Backends that cannot mix prefill and decode get steps of one kind (prefill_policy.py).
 The engine calls `schedule()`, runs the model, samples, then `update()`, on one
 thread; aborts and stop strings go through `finish_request()` between steps.
@@ -29,14 +34,17 @@ from .params import ValidationError
 from .prefill_policy import PrefillPolicy
 from .request import FinishReason, Request, RequestStatus, decide_finish
 from .scheduler_output import ScheduledRequest, SchedulerOutput, StepDraft
+from .spec import Speculator
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 speculator: Speculator | None = None):
         if scheduler_config.max_num_batched_tokens < 1 or scheduler_config.max_num_seqs < 1:
             raise ValueError(f"the token budget and the batch size must be positive: {scheduler_config}")
         self.config = scheduler_config
         self.kv_cache_manager = kv_cache_manager
+        self.speculator = speculator  # None: no speculative decoding
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         self.running: list[Request] = []  # in admission order; the last is preempted first
@@ -49,8 +57,9 @@ class Scheduler:
     def for_engine(cls, config: EngineConfig, num_blocks: int) -> Scheduler:
         """The configured policy; the engine has already narrowed `config` to what its backend
         can do (core/capabilities.py)."""
+        speculator = Speculator(config.speculative) if config.speculative.enabled else None
         return cls(config.scheduler, KVCacheManager(BlockPool(num_blocks), config.cache.block_size,
-                                                    config.cache.enable_prefix_caching))
+                                                    config.cache.enable_prefix_caching), speculator)
 
     # ---- admission -------------------------------------------------------------
 
@@ -99,11 +108,17 @@ class Scheduler:
                 return
 
     def _schedule_decodes(self, draft: StepDraft) -> None:
-        """One token for each running request that has only its last token to compute."""
+        """One token for each running request that has only its last token to compute (with
+        its proposed tokens, when it speculates and they fit)."""
         index = 0
         while index < len(self.running) and draft.budget > 0:
             request = self.running[index]
             if not _is_decode(request) or request.request_id in draft.scheduled:
+                index += 1
+                continue
+            proposed = self._proposals(request, draft.budget - 1)
+            if proposed and self.kv_cache_manager.allocate_slots(request, 1, num_lookahead=len(proposed)):
+                draft.add(self._scheduled_request(request, 1, proposed))
                 index += 1
                 continue
             while not self.kv_cache_manager.allocate_slots(request, 1):
@@ -115,6 +130,13 @@ class Scheduler:
             else:
                 draft.add(self._scheduled_request(request, 1))
                 index += 1
+
+    def _proposals(self, request: Request, room: int) -> list[int]:
+        """Proposed tokens a decode verifies this step: within the budget's room, and so
+        that all of them plus the bonus token stay within the request's length."""
+        if self.speculator is None:
+            return []
+        return self.speculator.propose(request, min(room, self.max_num_tokens(request) - request.num_tokens - 1))
 
     def _schedule_prefills(self, draft: StepDraft) -> None:
         """The next prompt chunks of running requests, then admissions."""
@@ -181,13 +203,15 @@ class Scheduler:
             self.running.append(request)
             draft.add(self._scheduled_request(request, num_new_tokens))
 
-    def _scheduled_request(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+    def _scheduled_request(self, request: Request, num_new_tokens: int, proposed: list[int] = ()
+                           ) -> ScheduledRequest:
         start = request.num_computed_tokens
         stop = start + num_new_tokens
         assert 0 < num_new_tokens and stop <= request.num_tokens <= request.max_num_tokens
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=tuple(request.token_slice(start, stop)),
+            token_ids=tuple(request.token_slice(start, stop)) + tuple(proposed),
+            num_draft_tokens=len(proposed),
             num_computed_tokens=start,
             block_ids=tuple(request.block_ids),
             samples=stop == request.num_tokens,
@@ -212,8 +236,13 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update(self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
-        """Advance the computed counts, append sampled tokens; return the requests finished now."""
+    def update(self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[str, int | list[int]]
+               ) -> list[Request]:
+        """Advance the computed counts, append sampled tokens; return the requests finished now.
+
+        A request that verified proposals gets a list: the accepted proposals and the token
+        after them (core/spec/acceptance.py). Its tokens are appended one at a time and the
+        first that finishes it ends the run, so a stop inside it is decided as without speculation."""
         self._awaiting_update = False
         self.kv_cache_manager.confirm()
         finished: list[Request] = []
@@ -223,17 +252,31 @@ class Scheduler:
                 continue  # finished or preempted since the step was scheduled
             if request.num_computed_tokens != scheduled.num_computed_tokens:
                 raise RuntimeError(f"request {request.request_id!r} was updated twice for one step")
-            request.num_computed_tokens += scheduled.num_new_tokens
             if not scheduled.samples:
+                request.num_computed_tokens += scheduled.num_new_tokens
                 continue
             if scheduled.request_id not in sampled_token_ids:
                 raise KeyError(f"no sampled token for request {scheduled.request_id!r}")
-            token_id = sampled_token_ids[scheduled.request_id]
-            request.output_token_ids.append(token_id)
-            reason = self._check_stop(request, token_id)
-            if reason is not None:
-                self._finish(request, reason)
-                finished.append(request)
+            token_ids = sampled_token_ids[scheduled.request_id]
+            if isinstance(token_ids, int):
+                token_ids = (token_ids,)
+            num_accepted = len(token_ids) - 1
+            if not 0 <= num_accepted <= scheduled.num_draft_tokens:
+                raise ValueError(f"request {scheduled.request_id!r}: {len(token_ids)} tokens for "
+                                 f"{scheduled.num_draft_tokens} proposals")
+            request.num_computed_tokens += scheduled.num_new_tokens - scheduled.num_draft_tokens + num_accepted
+            if scheduled.num_draft_tokens:
+                self.speculator.record(request.request_id, scheduled.num_draft_tokens, num_accepted)
+            for token_id in token_ids:
+                request.output_token_ids.append(token_id)
+                reason = self._check_stop(request, token_id)
+                if reason is not None:
+                    self._finish(request, reason)
+                    finished.append(request)
+                    break
+            else:
+                if scheduled.num_draft_tokens:
+                    self.kv_cache_manager.settle_speculation(request, scheduled.seq_len - scheduled.num_draft_tokens)
         return finished
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
@@ -272,6 +315,8 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self.kv_cache_manager.free(request)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]

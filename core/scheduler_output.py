@@ -14,6 +14,19 @@ class ScheduledRequest:
     # Its positions predict prompt tokens whose log-probabilities were asked for
     # (SamplingParams.prompt_logprobs): the runner returns their logits too.
     computes_prompt_logprobs: bool = False
+    # Speculative decoding (core/spec): the last num_draft_tokens of token_ids are proposed
+    # tokens after the request's last one, verified this step; the runner returns the logits of
+    # every position from the request's last token on (num_draft_tokens + 1 rows).
+    num_draft_tokens: int = 0
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens:]
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits this request gets back: 0 when it does not sample."""
+        return self.num_draft_tokens + 1 if self.samples else 0
 
     @property
     def num_new_tokens(self) -> int:

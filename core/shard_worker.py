@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo
-from .config import CacheConfig, EngineConfig
+from .backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo, ShardLauncher
+from .config import EXECUTOR_BACKENDS, CacheConfig, EngineConfig
 from .distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
 from .errors import ShardTerminated
 from .kv.sizing import with_usable_tokens
@@ -88,6 +88,23 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def shard_launcher_for(config: EngineConfig, backend: Backend) -> ShardLauncher:
+    """The one place the launcher of shards 1..N-1 is chosen (ParallelConfig.executor_backend):
+    the backend's own ("mp": local processes) or Ray actors on a cluster ("ray")."""
+    launcher = backend.shard_launcher()
+    if launcher is None:
+        raise ValueError(f"backend {backend.name!r} cannot shard: it declares no dist_backend")
+    executor = config.parallel.executor_backend
+    if executor not in EXECUTOR_BACKENDS:
+        raise ValueError(f"distributed executor backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                         f"got {executor!r}")
+    if executor == "ray":
+        from .ray_launcher import ray_shard_launcher
+
+        return ray_shard_launcher(config.parallel, backend.name)
+    return launcher
+
+
 class ShardSet:
     """Rank 0's side of the shards: the workers this node started, the step broadcast to
     every shard, and how a shard's end becomes ShardTerminated."""
@@ -105,9 +122,7 @@ class ShardSet:
             return cls()
         _, hf_config, _ = choose_model(config.model)  # heads that do not divide: one line, nothing started
         check_shardable(hf_config, parallel.tensor_parallel_size)
-        launcher = backend.shard_launcher()
-        if launcher is None:
-            raise ValueError(f"backend {backend.name!r} cannot shard: it declares no dist_backend")
+        launcher = shard_launcher_for(config, backend)
         if parallel.master_port is None and parallel.nnodes > 1:
             raise ValueError("a rendezvous across nodes needs --master-port (or MASTER_PORT)")
         port = parallel.master_port or free_port(parallel.master_addr)
@@ -172,9 +187,7 @@ def run_node(config: EngineConfig, backend: Backend) -> int:
     parallel = config.parallel
     if parallel.master_port is None:
         raise ValueError("a shard-only node needs --master-port (or MASTER_PORT)")
-    launcher = backend.shard_launcher()
-    if launcher is None:
-        raise ValueError(f"backend {backend.name!r} cannot shard: it declares no dist_backend")
+    launcher = shard_launcher_for(config, backend)
     plan = plan_node(parallel, parallel.master_port)
     group = launcher.start(plan.shards, run_shard, (config, backend.name))
     logger.info("node %d: started shards %s", parallel.node_rank, [s.rank for s in plan.shards])

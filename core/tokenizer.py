@@ -29,12 +29,17 @@ class IncrementalDetokenizer:
         self.text = ""  # all output text so far (after any stop-string trim)
         self._num_emitted = 0  # characters of self.text already returned
         self.stop_string_hit: str | None = None
+        # tokens of the last update() that were read: fewer than given when a stop string ended
+        # the text before the last of them (several tokens in one step: speculative decoding)
+        self.num_read = 0
 
     def update(self, new_token_ids: list[int] | tuple[int, ...], finished: bool = False) -> str:
         """Add tokens; return the text delta that is safe to show now."""
+        self.num_read = 0
         if self.stop_string_hit is None:
             for token_id in new_token_ids:
                 self._token_ids.append(token_id)
+                self.num_read += 1
                 start = len(self.text)
                 self.text += self._decode_next()
                 if self._stop and self._find_stop(start):

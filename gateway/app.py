@@ -37,26 +37,36 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     async def lifespan(app: FastAPI):
         client.start()
         watcher = asyncio.create_task(_report_engine(client))
+        grpc_server = None
         try:
+            grpc_server = await _start_grpc(app)
             yield
         finally:
             watcher.cancel()
+            if grpc_server is not None:
+                await grpc_server.stop()
             await client.shutdown()
+            if tracing is not None:
+                tracing.shutdown()  # flushes the last spans (the engine flushes its own as it stops)
 
     app = FastAPI(title="Switchyard", version=settings.version, lifespan=lifespan)
     app.state.settings = settings
     app.state.service = service
+    app.state.models = None  # with several models, serve.py's ModelRegistry (gateway/models_registry.py)
     app.state.metrics = metrics
     app.state.drain = _install_body_checks(app, settings)
     if settings.cors_allow_origin:  # outermost: the guard's own errors carry CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_allow_origin),
                            allow_methods=["*"], allow_headers=["*"])
+    app.state.tracing = tracing = _install_tracing(app, settings)
     _install_error_handlers(app)
     _install_common_routes(app, service, metrics)
     from .openai.routes import router as openai_router
+    from .sglang_worker import router as sglang_router
     from .tgi.routes import router as tgi_router
 
     app.include_router(openai_router)
+    app.include_router(sglang_router)  # before TGI's: its /generate serves both bodies
     app.include_router(tgi_router)
     return app
 
@@ -74,6 +84,30 @@ async def _report_engine(client: EngineClient) -> None:
     logger.info("ready: serving %s", client.info.backend if client.info else "")
     error = await client.wait_failure()
     logger.error("the engine stopped serving: %s", error)
+
+
+async def _start_grpc(app: FastAPI):
+    """--grpc-port: TGIS's gRPC API on this event loop (gateway/grpc/server.py), or None."""
+    settings = app.state.settings
+    if settings.grpc_port is None:
+        return None
+    from .grpc.server import GrpcServer  # needs the grpc extra: only imported when asked for
+
+    server = GrpcServer(app.state.service, app.state.drain, settings.hostname, settings.grpc_port)
+    await server.start()
+    return server
+
+
+def _install_tracing(app: FastAPI, settings: ServerSettings):
+    """--otlp-endpoint: a span per inference request (gateway/tracing.py), outermost, so it
+    covers the whole response; None (and nothing of opentelemetry imported) when off."""
+    if not settings.tracing.enabled:
+        return None
+    from .tracing import GatewayTracing, TracingMiddleware  # the tracing extra: imported only when asked for
+
+    tracing = GatewayTracing.start(settings.tracing)
+    app.add_middleware(TracingMiddleware, tracing=tracing)
+    return tracing
 
 
 def _install_body_checks(app: FastAPI, settings: ServerSettings) -> Drain:

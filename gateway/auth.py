@@ -14,6 +14,11 @@ def require_api_key(request: Request) -> None:
     key = request.app.state.settings.api_key
     if key is None:
         return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+    if not bearer_matches(request.headers.get("authorization", ""), key):
         raise GatewayError(ErrorKind.AUTHENTICATION, "invalid or missing API key (Authorization: Bearer ...)")
+
+
+def bearer_matches(authorization: str, key: str) -> bool:
+    """Whether an `Authorization` value (an HTTP header, gRPC metadata) is `Bearer <key>`."""
+    scheme, _, given = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())

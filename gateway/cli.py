@@ -28,9 +28,12 @@ class HelpFormatter(argparse.HelpFormatter):
 
 def _add_engine_flags(parser: argparse.ArgumentParser, environ=None) -> None:
     environ = environ or {}
+    from .models_registry import ModelIds
+
     parser.add_argument("--model-id", "--model", dest="model", default=environ.get("MODEL_ID") or None,
-                        help="local HF model directory, .gguf file or HF cache name (default: SmolLM2-135M-Instruct)"
-                        " [env: MODEL_ID]")
+                        action=ModelIds,
+                        help="local HF model directory, .gguf file or HF cache name (default: SmolLM2-135M-Instruct);"
+                        " `serve` takes it again for more models, the first the default [env: MODEL_ID]")
     parser.add_argument("--backend", default=environ.get("SWITCHYARD_BACKEND") or None,
                         help="backend plugin name (default: the usable one of highest priority; `switchyard "
                         "backends` lists them) [env: SWITCHYARD_BACKEND]")
@@ -196,8 +199,10 @@ def build_parser(environ=None) -> argparse.ArgumentParser:
     add_serve_flags(serve, environ)
     serve.set_defaults(run=_cmd_serve)
     from .bench.command import add_bench_command
+    from .download import add_download_command
 
     add_bench_command(commands)
+    add_download_command(commands, HelpFormatter)
     return parser
 
 

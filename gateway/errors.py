@@ -31,6 +31,7 @@ class ErrorKind(enum.Enum):
     TOOL = _Kind(400, "invalid_request_error", 422, "tool_error")
     AUTHENTICATION = _Kind(401, "authentication_error", 401, "authentication")
     NOT_FOUND = _Kind(404, "not_found_error", 404, "not_found")
+    MODEL_NOT_FOUND = _Kind(404, "invalid_request_error", 404, "model_not_found")  # a `model` not served
     METHOD_NOT_ALLOWED = _Kind(405, "invalid_request_error", 405, "method_not_allowed")
     PAYLOAD_TOO_LARGE = _Kind(413, "invalid_request_error", 413, "payload_too_large")
     OVERLOADED = _Kind(429, "rate_limit_error", 429, "overloaded")

@@ -104,6 +104,7 @@ class Metrics:
     def __init__(self):
         self._lock = threading.Lock()
         self._all: list[_Metric] = []
+        self._refreshers: list = []  # run before each render (register)
         self._block_size = 16  # KV tokens per block; the engine's, once it reports a step
         c, g, h = self._counter, self._gauge, self._histogram
         self.request_count = c("tgi_request_count", "requests received")
@@ -143,6 +144,12 @@ class Metrics:
                                          "prompt tokens served from the prefix cache (not computed)")
         self.prefix_cache_hit_rate = g("switchyard_prefix_cache_hit_rate",
                                        "hit tokens / queried tokens since start")
+        self.spec_proposed_tokens = c("switchyard_spec_proposed_tokens",
+                                      "speculative tokens proposed and verified (--speculate)")
+        self.spec_accepted_tokens = c("switchyard_spec_accepted_tokens",
+                                      "speculative tokens accepted (generated without a step of their own)")
+        self.spec_acceptance_rate = g("switchyard_spec_acceptance_rate",
+                                      "accepted / proposed speculative tokens since start")
 
     def _counter(self, name, help_text) -> Counter:
         return self._add(Counter(name, help_text, self._lock))
@@ -171,6 +178,10 @@ class Metrics:
             self.prefix_cache_hit_tokens.inc(stats.num_prefix_hit_tokens)
             self.prefix_cache_hit_rate.set(self.prefix_cache_hit_tokens.value()
                                            / self.prefix_cache_queried_tokens.value())
+        if stats.num_spec_proposed_tokens:
+            self.spec_proposed_tokens.inc(stats.num_spec_proposed_tokens)
+            self.spec_accepted_tokens.inc(stats.num_spec_accepted_tokens)
+            self.spec_acceptance_rate.set(self.spec_accepted_tokens.value() / self.spec_proposed_tokens.value())
 
     def observe_load(self, load: EngineLoad, block_size: int | None = None) -> None:
         """The load gauges: after each step, and from the engine's latest load at each
@@ -182,7 +193,16 @@ class Metrics:
         self.batch_max_total_tokens.set(load.num_kv_blocks_total * block_size)
         self.kv_cache_usage.set(load.num_kv_blocks_used / max(1, load.num_kv_blocks_total))
 
+    def register(self, metrics: list[_Metric], refresh=None) -> None:
+        """Export metrics kept elsewhere (gateway/replicas.py's per-replica series);
+        `refresh()`, if given, brings them up to date before each render."""
+        self._all.extend(metrics)
+        if refresh is not None:
+            self._refreshers.append(refresh)
+
     def render(self) -> str:
+        for refresh in self._refreshers:
+            refresh()
         with self._lock:
             lines = [line for metric in self._all for line in metric.render()]
         return "\n".join(lines) + "\n"

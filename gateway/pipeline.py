@@ -26,6 +26,7 @@ from switchyard.core.request import RequestOutput
 from .errors import ErrorKind, GatewayError
 from .service import Admission, GenerationService, until_disconnected
 from .streaming import sse_response
+from .tracing import child_span
 
 logger = logging.getLogger("switchyard.gateway.pipeline")
 
@@ -73,7 +74,8 @@ class Pipeline:
         (admission, what prepare returned)."""
         admission = self.service.admit()
         try:
-            prepared = await prepare()
+            with child_span("validation"):
+                prepared = await prepare()
         except BaseException as exc:
             admission.release(exc)
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -122,6 +123,23 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str])
                         help="tuned: the engine process starts with what its backend asks for (CPU: tcmalloc or "
                         "jemalloc and Intel OpenMP preloaded, one thread per core, bound; your own LD_PRELOAD and "
                         "OMP/KMP variables are kept); plain: as launched. `switchyard backends` shows the choice")
+    from .models_registry import add_model_flags
+    from .replicas import add_replica_flags
+
+    add_replica_flags(parser, environ)
+    add_model_flags(parser, environ)
+    from .grpc.flags import add_grpc_flags
+
+    add_grpc_flags(parser, environ)
+    from .speculate_flags import add_speculate_flags
+
+    add_speculate_flags(parser, environ)
+    from .tracing import add_tracing_flags
+
+    add_tracing_flags(parser, environ)
+    from .ray_flags import add_ray_flags
+
+    add_ray_flags(parser, environ)
 
 
 def _check_supported(args: argparse.Namespace) -> None:
@@ -172,8 +190,28 @@ def engine_config(args: argparse.Namespace):
                               compile_timeout_s=args.grammar_compile_timeout,
                               num_compile_workers=args.grammar_workers),
         parallel=ParallelConfig(tensor_parallel_size=args.num_shard, nnodes=args.nnodes, node_rank=args.node_rank,
-                                master_addr=args.master_addr, master_port=args.master_port),
-        backend=args.backend, runtime=args.runtime)
+                                master_addr=args.master_addr, master_port=args.master_port,
+                                **_ray_parallel_options(args)),
+        backend=args.backend, runtime=args.runtime, tracing=_tracing_config(args),
+        speculative=_speculative_config(args))
+
+
+def _tracing_config(args: argparse.Namespace):
+    from .tracing import tracing_config
+
+    return tracing_config(args)
+
+
+def _ray_parallel_options(args: argparse.Namespace) -> dict:
+    from .ray_flags import ray_parallel_options
+
+    return ray_parallel_options(args)
+
+
+def _speculative_config(args: argparse.Namespace):
+    from .speculate_flags import speculative_config
+
+    return speculative_config(args)
 
 
 def _num_blocks_within(max_batch_total_tokens: int, block_size: int) -> int:
@@ -210,7 +248,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_client_batch_size=args.max_client_batch_size, api_key=args.api_key,
         cors_allow_origin=tuple(args.cors_allow_origin), payload_limit=args.payload_limit,
         json_output=args.json_output, disable_grammar_support=args.disable_grammar_support,
-        graceful_shutdown_s=args.graceful_shutdown_timeout, version=_version())
+        graceful_shutdown_s=args.graceful_shutdown_timeout, grpc_port=args.grpc_port, version=_version(),
+        tracing=_tracing_config(args))
 
 
 def _version() -> str:
@@ -244,17 +283,32 @@ def run_server(args: argparse.Namespace) -> int:
     # the port accepts from here on (a connection waits in its backlog the second until the app
     # answers it), and one already taken is said before any engine starts
     sock = listening_socket(settings.hostname, settings.port)
-    client = make_engine_client(config, args.json_output)
+    from .grpc.flags import check_grpc
+
+    check_grpc(settings.hostname, settings.grpc_port)
+    from .models_registry import install_models, model_specs
+
+    specs = model_specs(args, config, settings.model_id)  # several with --models or --model-id repeated
+    config, settings = specs[0].config, dataclasses.replace(settings, model_id=specs[0].name)
+    client = make_engine_client(config, args.json_output, specs[0].replicas, args.data_parallel_routing)
     client.start()
+    registry = None
     try:
         threading.Thread(target=_log_model, args=(client,), name="switchyard-model-check", daemon=True).start()
+        threading.Thread(target=_preload_tokenizer_code, name="switchyard-tokenizer-import", daemon=True).start()
         app = create_app(settings, client)  # imports the routes: most of the gateway's start-up
+        if specs[0].replicas > 1:
+            client.export_metrics(app.state.metrics)  # per-replica series (gateway/replicas.py)
+        registry = install_models(app, specs, args, lambda spec: make_engine_client(
+            spec.config, args.json_output, spec.replicas, args.data_parallel_routing))
         server_config = uvicorn.Config(app, host=settings.hostname, port=settings.port,
                                        log_config=uvicorn_log_config(args.json_output),
                                        timeout_graceful_shutdown=settings.graceful_shutdown_s, timeout_keep_alive=5)
         DrainingServer(server_config, app.state.drain, engine=client).run(sockets=[sock])
     finally:
         sock.close()
+        if registry is not None:
+            asyncio.run(registry.shutdown())  # the models loaded on demand
         asyncio.run(client.shutdown())  # the engine process and its workers end with us
     return _exit_status(client)
 
@@ -285,6 +339,16 @@ def _log_model(client) -> None:
     try:
         logger.info("model %s", client.wait_model_checked())
     except BaseException:  # noqa: BLE001 - the failure is the server's exit status (_exit_status)
+        pass
+
+
+def _preload_tokenizer_code() -> None:
+    """Imports the tokenizer's code (transformers, no torch) while the engine loads: the engine
+    hands its tokenizer over pickled when ready, and unpickling it would import transformers
+    then, seconds between the engine being ready and /health answering 200."""
+    try:
+        from transformers import PreTrainedTokenizerFast  # noqa: F401 - the import is the point
+    except Exception:  # noqa: BLE001 - the unpickling imports what it needs, and reports its own errors
         pass
 
 
@@ -331,16 +395,25 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def make_engine_client(config, json_output: bool = False):
+def make_engine_client(config, json_output: bool = False, data_parallel_size: int = 1,
+                       data_parallel_routing: str = "cache-aware"):
     """The engine in its own process (core/engine_process.py): this process never imports
-    torch, and a crash there is reported here instead of taking the server down silently."""
+    torch, and a crash there is reported here instead of taking the server down silently.
+    With --data-parallel-size N > 1, N of them behind one ReplicaSetClient (gateway/replicas.py)."""
     from functools import partial
 
     from switchyard.core.engine_process import ProcessEngineClient
 
     from .logs import configure_logging
 
-    return ProcessEngineClient(config, log_setup=partial(configure_logging, json_output))
+    def make(engine_config):
+        return ProcessEngineClient(engine_config, log_setup=partial(configure_logging, json_output))
+
+    if data_parallel_size == 1:
+        return make(config)
+    from .replicas import replica_set
+
+    return replica_set(config, data_parallel_size, data_parallel_routing, make)
 
 
 def environ() -> Mapping[str, str]:

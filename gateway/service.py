@@ -17,6 +17,7 @@ from switchyard.core.request import FinishReason, Request, RequestOutput
 from .errors import ErrorKind, GatewayError
 from .metrics import Metrics
 from .settings import Limits, ServerSettings
+from .tracing import current as current_trace
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,9 @@ class GenerationService:
         for request in requests:
             if arrival_time is not None:
                 request.arrival_time = arrival_time
+        trace = current_trace()
+        if trace is not None:
+            trace.on_submit(requests)
         try:
             streams = await self.client.add_requests(requests)
         except EngineDeadError as exc:
@@ -284,6 +288,9 @@ class GenerationService:
         m.prompt_tokens.inc(last.num_prompt_tokens)
         m.generation_tokens.inc(last.num_output_tokens)
         timings = self.timings(stream, last, stream.arrival_time)
+        trace = current_trace()
+        if trace is not None:
+            trace.on_finished(last, timings)
         m.request_queue_duration.observe(timings.queue)
         m.request_inference_duration.observe(timings.inference)
         if stream.first_token_time is not None:

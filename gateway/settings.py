@@ -2,7 +2,9 @@
 resolved against the loaded model."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from switchyard.core.config import TracingConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,8 @@ class ServerSettings:
     disable_grammar_support: bool = False
     graceful_shutdown_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     served_model_names: tuple[str, ...] = ()  # extra names accepted as `model`
+    grpc_port: int | None = None  # TGIS's gRPC API (gateway/grpc) on this port; None: off
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # --otlp-endpoint (gateway/tracing.py)
     version: str = "0.1.0"
 
 

@@ -22,6 +22,7 @@ from switchyard.core.grammar import GrammarError, GrammarSpec, GrammarUnavailabl
 
 from .errors import ErrorKind, GatewayError, invalid
 from .settings import ServerSettings
+from .tracing import child_span
 
 # characters with a meaning in a regex; everything else stands for itself (re.escape
 # also escapes spaces and other characters that some regex engines reject escaped)
@@ -125,7 +126,8 @@ async def compiled(client, spec: GrammarSpec, param: str) -> GrammarSpec:
     the server could not compile just now (no worker started, the engine stopping) is a
     503 with Retry-After, which blames nothing in the request."""
     try:
-        await client.compile_grammar(spec)
+        with child_span("grammar_compile", kind=spec.kind):
+            await client.compile_grammar(spec)
     except GrammarUnavailable as exc:
         raise GatewayError(ErrorKind.UNAVAILABLE, str(exc)) from exc
     except GrammarError as exc:

@@ -109,7 +109,10 @@ class CpuBackend(Backend):
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
                             static_shapes=False, attention_impl=self.attention_impl(),
                             quantizations=served_by(self.name),
-                            preferred_dtype=preferred_dtype(), runtime=this_machine().describe())
+                            preferred_dtype=preferred_dtype(), runtime=this_machine().describe(),
+                            # a verify step (a decode with proposed tokens) runs the general,
+                            # prompt-chunk path; the C++ and compiled decode paths take 1-token steps
+                            multi_token_decode=True)
 
     def process_environment(self, config) -> dict[str, str]:
         """The tuned runtime of runtime.py (allocator, Intel OpenMP, threads, binding when the

@@ -89,13 +89,18 @@ class KVCacheManager:
         num_tokens = request.num_computed_tokens + num_computed_blocks * self.block_size + num_new_tokens
         return max(0, cdiv(num_tokens, self.block_size) - len(request.block_ids) - num_computed_blocks)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = (),
+                       num_lookahead: int = 0) -> bool:
         """Claim `computed_blocks` (from get_computed_blocks) and grow `request.block_ids`
         to hold `num_new_tokens` more tokens after them; register the blocks those tokens
         fill. All or nothing: returns False, changing nothing, when too few blocks are free.
-        The caller advances num_computed_tokens past the computed blocks."""
+        The caller advances num_computed_tokens past the computed blocks.
+
+        `num_lookahead` more slots are allocated after them for speculative tokens, which are
+        not the request's tokens yet: the blocks they fill are registered only once accepted
+        (`settle_speculation`)."""
         pool, block_size = self.block_pool, self.block_size
-        num_blocks = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
+        num_blocks = self.num_blocks_needed(request, num_new_tokens + num_lookahead, len(computed_blocks))
         num_revived = sum(1 for block_id in computed_blocks if pool.ref_counts[block_id] == 0)
         if num_blocks + num_revived > pool.num_free_blocks:
             return False
@@ -110,13 +115,28 @@ class KVCacheManager:
             self._cache_full_blocks(request, num_computed, num_tokens)
         return True
 
-    def _cache_full_blocks(self, request: Request, num_computed: int, num_tokens: int) -> None:
+    def _cache_full_blocks(self, request: Request, num_computed: int, num_tokens: int,
+                           confirmed: bool = False) -> None:
         """Register the blocks that tokens [num_computed, num_tokens) complete."""
         self._extend_hashes(request, num_tokens)
         for index in range(num_computed // self.block_size, num_tokens // self.block_size):
             block_id, block_hash = request.block_ids[index], request.block_hashes[index]
-            if self.block_pool.cache_block(block_id, block_hash):
+            if self.block_pool.cache_block(block_id, block_hash) and not confirmed:
                 self._unconfirmed.append((block_id, block_hash))
+
+    def settle_speculation(self, request: Request, num_verified: int) -> None:
+        """After a verify step: the request's keys and values are valid for its first
+        `request.num_computed_tokens` positions, of which those from `num_verified` on were
+        accepted proposals. Registers the blocks the accepted tokens complete (their keys and
+        values are written) and gives back the blocks that held only rejected tokens."""
+        num_computed = request.num_computed_tokens
+        if num_computed // self.block_size > num_verified // self.block_size and self.hashes_blocks(request):
+            self._cache_full_blocks(request, num_verified, num_computed, confirmed=True)
+        keep = cdiv(num_computed, self.block_size)
+        if len(request.block_ids) > keep:
+            surplus = request.block_ids[keep:]
+            del request.block_ids[keep:]
+            self.block_pool.free(reversed(surplus))
 
     def _extend_hashes(self, request: Request, num_tokens: int) -> None:
         if len(request.block_hashes) < num_tokens // self.block_size:

@@ -20,6 +20,7 @@ import signal
 import tempfile
 import threading
 
+from ..config import default_cache_root  # noqa: F401 - where callers have found it
 from ..heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
@@ -28,9 +29,6 @@ FORMAT_VERSION = 2  # bump when the conversion changes, so stale caches are igno
 _DONE_MARK = ".switchyard-converted"
 
 
-def default_cache_root() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "switchyard")
 
 
 def converted_directory(gguf_path: str, cache_root: str) -> str:

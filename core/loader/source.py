@@ -58,11 +58,25 @@ def _from_cache(name: str, revision: str | None) -> str:
 
     try:
         return snapshot_download(name, revision=revision, local_files_only=True)
+    except incomplete_snapshot_errors() as partial:
+        # fetched with allow patterns (`switchyard download-weights`, `hf download --include`): the
+        # repository's other files were left out on purpose; what is there is read (and checked) below
+        return partial.snapshot_path
     except Exception as exc:  # huggingface_hub raises several kinds here
         where = f"{name}@{revision}" if revision else name
         raise ModelNotFoundError(
             f"model {where!r} is not a local path and is not in the local Hugging Face cache "
-            f"(nothing is downloaded at serve time; fetch it first, e.g. `hf download {name}`)") from exc
+            f"(nothing is downloaded at serve time; fetch it first: `switchyard download-weights {name}`)") from exc
+
+
+def incomplete_snapshot_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's error for a cached snapshot with files of its listing missing
+    (2.x; before it, such a snapshot was returned as it was)."""
+    try:
+        from huggingface_hub.errors import IncompleteSnapshotError
+    except ImportError:
+        return ()
+    return (IncompleteSnapshotError,)
 
 
 def _from_named_cache(name: str, revision: str | None) -> str:

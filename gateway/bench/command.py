@@ -69,6 +69,11 @@ def add_bench_command(commands) -> None:
                        help="forced output tokens (max_tokens, min_tokens and ignore_eos)")
     serve.add_argument("--num-prompts", type=int, default=None,
                        help="requests per concurrency (default: 4 x concurrency, at least 8)")
+    serve.add_argument("--workload", choices=("chat", "grounded", "shared-prefix"), default="chat",
+                       help="chat: short prompts, outputs forced to --output-len; grounded: 300-800-token inputs "
+                       "whose answer repeats them (rename a variable, a document as JSON), outputs up to "
+                       "--output-len, where speculative decoding (--speculate) gains; shared-prefix: 8 system "
+                       "prompts of ~1,000 tokens in turn, outputs forced, where replicas' prefix affinity gains")
     serve.add_argument("--warmup", type=int, default=2, help="untimed requests per server before the runs")
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     serve.add_argument("--api-key", default=None, help="sent as a Bearer token")
@@ -99,7 +104,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         servers = args.compare or [args.url or Server.parse(DEFAULT_URL)]
         workload = Workload(concurrencies=args.concurrency, output_len=args.output_len,
                             num_prompts=args.num_prompts, warmup=args.warmup, timeout_s=args.timeout,
-                            api_key=args.api_key)
+                            api_key=args.api_key, kind=args.workload)
         results, failed = _run_all(servers, workload, args.model, args.output)
     print(comparison_table(results))
     if len({r.concurrency for r in results}) > 1:
@@ -152,7 +157,7 @@ async def bench_server(server: Server, workload: Workload, model: str | None,
         await _warm_up(client, workload, model)
         memory = ServerMemory.find(server.url)
         for concurrency in workload.concurrencies:
-            bodies = chat_bodies(model, workload.requests_at(concurrency), workload.output_len)
+            bodies = chat_bodies(model, workload.requests_at(concurrency), workload.output_len, kind=workload.kind)
             progress = Progress(f"{server.label} c={concurrency}", len(bodies))
             try:
                 records, wall = await drive(client, CHAT_PATH, bodies, concurrency,
@@ -169,7 +174,7 @@ async def _warm_up(client, workload: Workload, model: str) -> None:
     them failing otherwise stops this server's runs."""
     if workload.warmup <= 0:
         return
-    bodies = chat_bodies(model, workload.warmup, min(workload.output_len, workload.warmup_len))
+    bodies = chat_bodies(model, workload.warmup, min(workload.output_len, workload.warmup_len), kind=workload.kind)
     deadline = time.monotonic() + workload.timeout_s
     while True:
         records, _ = await drive(client, CHAT_PATH, bodies, workload.warmup)

@@ -79,6 +79,7 @@ class Workload:
     warmup_len: int = 16
     timeout_s: float = 600.0
     api_key: str | None = None
+    kind: str = "chat"  # "chat": the fixed prompts, forced lengths; "grounded": bench/grounded.py
 
     def requests_at(self, concurrency: int) -> int:
         return self.num_prompts if self.num_prompts is not None else max(8, 4 * concurrency)
@@ -98,6 +99,14 @@ def chat_body(model: str, prompt: str, output_len: int) -> dict:
     }
 
 
-def chat_bodies(model: str, count: int, output_len: int, start: int = 0) -> list[dict]:
-    """`count` bodies over the fixed prompts, from prompt `start` on."""
+def chat_bodies(model: str, count: int, output_len: int, start: int = 0, kind: str = "chat") -> list[dict]:
+    """`count` bodies over the fixed prompts of the workload `kind`, from prompt `start` on."""
+    if kind == "grounded":
+        from .grounded import PROMPTS as GROUNDED, grounded_body
+
+        return [grounded_body(model, GROUNDED[(start + i) % len(GROUNDED)], output_len) for i in range(count)]
+    if kind == "shared-prefix":
+        from .shared_prefix import shared_prefix_body
+
+        return [shared_prefix_body(model, start + i, output_len) for i in range(count)]
     return [chat_body(model, PROMPTS[(start + i) % len(PROMPTS)], output_len) for i in range(count)]

@@ -13,6 +13,7 @@ from switchyard.core.client import RequestStream
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..models_registry import service_for
 from ..pipeline import Pipeline, off_loop
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
@@ -49,7 +50,7 @@ async def submit_chat(service, req: ChatCompletionRequest) -> SubmittedChat:
 
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request):
-    service = http_request.app.state.service
+    service = await service_for(http_request, req.model)
     pipeline = Pipeline(service)
     admission, chat = await pipeline.start(lambda: submit_chat(service, req))
     meta = ResponseMeta.new("chatcmpl", "chat.completion", chat.model, service)

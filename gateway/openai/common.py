@@ -28,7 +28,7 @@ def resolve_model(name: str | None, settings: ServerSettings) -> str:
         return settings.model_id
     if name in served_model_names(settings):
         return name
-    raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{name}` does not exist. Served: "
+    raise GatewayError(ErrorKind.MODEL_NOT_FOUND, f"The model `{name}` does not exist. Served: "
                        f"{', '.join(served_model_names(settings))}", "model")
 
 

@@ -9,6 +9,7 @@ from fastapi import Request
 from switchyard.core.request import RequestOutput
 
 from ..errors import SafeJSONResponse, invalid
+from ..models_registry import service_for
 from ..pipeline import Pipeline, off_loop
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
@@ -26,7 +27,7 @@ class Prompt:
 
 
 async def create_completion(req: CompletionRequest, http_request: Request):
-    service = http_request.app.state.service
+    service = await service_for(http_request, req.model)
     pipeline = Pipeline(service)
 
     async def prepare():

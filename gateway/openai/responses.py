@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
+from ..models_registry import service_for
 from ..pipeline import Pipeline
 from ..tokens import token_strings
 from .chat import SubmittedChat, submit_chat
@@ -22,7 +23,7 @@ from .tool_output import assistant_message
 
 
 async def create_response(req: ResponsesRequest, http_request: Request):
-    service = http_request.app.state.service
+    service = await service_for(http_request, req.model)
     pipeline = Pipeline(service)
     admission, chat = await pipeline.start(lambda: _submit(service, req))
     frame = ResponseFrame(req, chat.model)

@@ -66,7 +66,17 @@ async def retrieve_model(model_id: str, http_request: Request) -> dict:
 
 
 def _model_cards(http_request: Request) -> list[dict]:
-    service = http_request.app.state.service
+    registry = http_request.app.state.models
+    if registry is not None:  # several models (gateway/models_registry.py): every one, loaded or not
+        return [card for entry in registry.entries.values() for card in _cards_of(entry.spec.name, entry.service)]
+    return _cards_of(None, http_request.app.state.service)
+
+
+def _cards_of(name: str | None, service) -> list[dict]:
+    """A model's cards: its names (`name`, or the single model's served names); `service` None: not loaded."""
+    if service is None:
+        return [{"id": name, "object": "model", "created": _STARTED, "owned_by": "switchyard", "root": name,
+                 "parent": None, "max_model_len": None}]
     settings = service.settings
     info = service.client.info
     max_model_len = service.limits.max_total_tokens if info is not None else None

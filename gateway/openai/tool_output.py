@@ -1,5 +1,6 @@
 """A chat choice's output as OpenAI shows it: text, or tool calls (ids `call_...`,
-arguments as a JSON string, `content` null, finish_reason `tool_calls`); whole, or
+arguments as a JSON string, `content` null, finish_reason `tool_calls`, or `stop` for
+a named tool_choice as OpenAI's API answers); whole, or
 as stream deltas that the OpenAI SDK, LangChain and LlamaIndex accumulate: a list
 of calls with `index`, id, type and name in the first delta of each call only, the
 arguments after it, in pieces as they are generated (named and required choices,
@@ -50,8 +51,15 @@ def _cut_off_call(tools: ToolPlan | None, finish_reason: str) -> bool:
 
 
 def _calls_finish_reason(tools: ToolPlan, finish_reason: str) -> str:
+    """The finish_reason of a choice that holds calls, decided here only. A named choice
+    (`tool_choice` or `function_call` naming a function) ends with `stop`, as OpenAI's API
+    answers when it forces the call; `auto` and `required` end with `tool_calls`
+    (`function_call` for the deprecated `functions`). Clients read the calls from the
+    message, not from this word (docs/api.md: Tool calls and finish_reason)."""
     if finish_reason == "length":  # cut short: the arguments may be incomplete
         return "length"
+    if tools.mode == "named":
+        return "stop"
     return "function_call" if tools.legacy else "tool_calls"
 
 

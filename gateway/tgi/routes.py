@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from ..auth import require_api_key
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
 from ..health import health_response
+from ..models_registry import service_for, tgi_model_name
 from ..openai.chat import create_chat_completion
 from ..openai.completions import create_completion
 from ..openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -38,8 +39,9 @@ router.include_router(tokenize_router)
 _AUTH = [Depends(require_api_key)]
 
 
-def _service(request: Request) -> GenerationService:
-    return request.app.state.service
+async def _service(request: Request) -> GenerationService:
+    """The model the request names (X-Model header or ?model=; gateway/models_registry.py), else the default."""
+    return await service_for(request, tgi_model_name(request))
 
 
 def _compute_type(service: GenerationService) -> str:
@@ -126,19 +128,19 @@ class TokenEvents(StreamRenderer):
 # -- routes -------------------------------------------------------------------------------
 @router.post("/generate", dependencies=_AUTH)
 async def generate(body: GenerateRequest, request: Request):
-    return await generate_answer(_service(request), request, body.inputs, body.parameters)
+    return await generate_answer(await _service(request), request, body.inputs, body.parameters)
 
 
 @router.post("/generate_stream", dependencies=_AUTH)
 async def generate_stream(body: GenerateRequest, request: Request):
-    return await stream_answer(_service(request), body.inputs, body.parameters)
+    return await stream_answer(await _service(request), body.inputs, body.parameters)
 
 
 @router.post("/", dependencies=_AUTH)
 async def compat_generate(body: CompatGenerateRequest, request: Request):
     """TGI's compat route (what `text-generation` and `InferenceClient` call):
     `stream` picks SSE, otherwise a one-item JSON list."""
-    return await _compat(_service(request), request, body)
+    return await _compat(await _service(request), request, body)
 
 
 async def _compat(service: GenerationService, request: Request, body: CompatGenerateRequest):
@@ -150,7 +152,7 @@ async def _compat(service: GenerationService, request: Request, body: CompatGene
 @router.get("/", include_in_schema=False)
 async def root_health(request: Request) -> Response:
     """TGI answers GET / like /health."""
-    return health_response(_service(request).client)
+    return health_response(request.app.state.service.client)
 
 
 @router.post("/invocations", dependencies=_AUTH)
@@ -158,9 +160,8 @@ async def invocations(request: Request):
     """SageMaker: `inputs` -> TGI generate, `messages` -> chat completions,
     `prompt` -> completions, decided by the body."""
     body = await json_object(request)
-    service = _service(request)
     if "inputs" in body:
-        return await _compat(service, request, parse(CompatGenerateRequest, body))
+        return await _compat(await _service(request), request, parse(CompatGenerateRequest, body))
     if "messages" in body:
         return await create_chat_completion(parse(ChatCompletionRequest, body), request)
     if "prompt" in body:
@@ -172,7 +173,7 @@ async def invocations(request: Request):
 @router.get("/info")
 async def info(request: Request) -> SafeJSONResponse:
     """TGI's Info, plus a few fields of ours."""
-    service = _service(request)
+    service = await _service(request)
     settings = service.settings
     engine = service.client.info  # None until the engine has started
     limits = service.limits if engine is not None else None
@@ -188,4 +189,5 @@ async def info(request: Request) -> SafeJSONResponse:
         "max_top_n_tokens": settings.max_top_n_tokens,
         "max_batch_total_tokens": engine.max_batch_total_tokens if engine else None,
         "model_device_type": engine.backend if engine else None, "server": "switchyard",
+        "speculate": engine.speculate if engine else None,  # TGI's: proposed tokens verified per step
     })

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..auth import require_api_key
 from ..errors import ErrorKind, GatewayError, SafeJSONResponse
+from ..models_registry import service_for, tgi_model_name
 from ..service import GenerationService
 from .body import json_object, parse
 from ..openai.messages import chat_prompt_text
@@ -33,8 +34,9 @@ class VllmTokenizeRequest(BaseModel):
     return_token_strs: bool = False
 
 
-def _service(request: Request) -> GenerationService:
-    return request.app.state.service
+async def _service(request: Request) -> GenerationService:
+    """The model the request names (X-Model header or ?model=; gateway/models_registry.py), else the default."""
+    return await service_for(request, tgi_model_name(request))
 
 
 def simple_tokens(tokenizer, text: str, add_special_tokens: bool, keep_last: int | None = None) -> list[dict]:
@@ -58,7 +60,7 @@ def render(service: GenerationService, chat: ChatCompletionRequest) -> str:
 @router.post("/tokenize", dependencies=[Depends(require_api_key)])
 async def tokenize(request: Request):
     body = await json_object(request)
-    service = _service(request)
+    service = await _service(request)
     service.require_ready()
     if "inputs" not in body and ("prompt" in body or "messages" in body):
         return SafeJSONResponse(_vllm_tokenize(service, parse(VllmTokenizeRequest, body), body))
@@ -89,7 +91,7 @@ def _vllm_tokenize(service: GenerationService, req: VllmTokenizeRequest, body: d
 @router.post("/chat_tokenize", dependencies=[Depends(require_api_key)])  # like /tokenize
 async def chat_tokenize(body: ChatCompletionRequest, request: Request) -> SafeJSONResponse:
     """The chat template applied to a chat request, and the tokens of the result."""
-    service = _service(request)
+    service = await _service(request)
     service.require_ready()
     templated = render(service, body)
     tokens = simple_tokens(service.tokenizer, templated, add_special_tokens=False)

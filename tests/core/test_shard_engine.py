@@ -104,7 +104,7 @@ def _logprobs(engine, prompts, params) -> dict[str, list[tuple]]:
     seen: dict[str, list[tuple]] = {f"lp-{i}": [] for i in range(len(prompts))}
     while engine.has_unfinished_requests():
         for out in engine.step():
-            seen[out.request_id].append((out.new_token_ids, out.logprob, out.top_logprobs))
+            seen[out.request_id].append((out.new_token_ids, out.logprobs, out.top_logprobs))
     return seen
 
 
@@ -114,10 +114,11 @@ def test_log_probabilities_agree_within_1e_4(pair):
     want, got = _logprobs(single.engine, PROMPTS, params), _logprobs(sharded.engine, PROMPTS, params)
     for rid, steps in want.items():
         assert [s[0] for s in got[rid]] == [s[0] for s in steps]
-        for (_, logprob, top), (_, want_logprob, want_top) in zip(got[rid], steps):
-            assert logprob == pytest.approx(want_logprob, abs=1e-4)
-            assert [t for t, _ in top] == [t for t, _ in want_top]
-            assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-4)
+        for (_, logprobs, tops), (_, want_logprobs, want_tops) in zip(got[rid], steps):
+            assert logprobs == pytest.approx(want_logprobs, abs=1e-4)  # one per token of the step
+            for top, want_top in zip(tops, want_tops, strict=True):
+                assert [t for t, _ in top] == [t for t, _ in want_top]
+                assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-4)
 
 
 def test_abort_mid_generation_leaves_the_other_requests_alone(pair):

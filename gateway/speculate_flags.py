@@ -1,0 +1,59 @@
+"""`switchyard serve`'s speculative decoding flags (core/spec): TGI's `--speculate N` (env
+SPECULATE) with n-gram prompt lookup, its n-gram sizes and window, and `--speculative-model`
+(draft models: refused for now, in one line). Builds the engine's SpeculativeConfig."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from switchyard.core.config import SpeculativeConfig
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def add_speculate_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    defaults = SpeculativeConfig()
+    parser.add_argument("--speculate", type=int, default=_env_int(environ, "SPECULATE", 0),
+                        help="speculative decoding: verify up to N proposed tokens per decode step, proposed by "
+                        "n-gram lookup in the request's own prompt and output (default 0: off) [env: SPECULATE]")
+    parser.add_argument("--speculative-model", default=environ.get("SPECULATIVE_MODEL") or None,
+                        help="a draft model proposing the tokens (not supported yet: refused) "
+                        "[env: SPECULATIVE_MODEL]")
+    parser.add_argument("--speculate-ngram-min", type=int,
+                        default=_env_int(environ, "SPECULATE_NGRAM_MIN", defaults.ngram_min),
+                        help="shortest suffix n-gram looked up for proposals [env: SPECULATE_NGRAM_MIN]")
+    parser.add_argument("--speculate-ngram-max", type=int,
+                        default=_env_int(environ, "SPECULATE_NGRAM_MAX", defaults.ngram_max),
+                        help="longest suffix n-gram looked up for proposals [env: SPECULATE_NGRAM_MAX]")
+    parser.add_argument("--speculate-ngram-window", type=int,
+                        default=_env_int(environ, "SPECULATE_NGRAM_WINDOW", defaults.ngram_window),
+                        help="look n-grams up in only the last this many tokens (default 0: all of them) "
+                        "[env: SPECULATE_NGRAM_WINDOW]")
+    parser.add_argument("--speculate-min-acceptance", type=float, default=defaults.min_acceptance,
+                        help="a request whose acceptance rate stays below this stops proposing for a while "
+                        "(0 = never)")
+
+
+def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
+    """The engine's SpeculativeConfig, or ValidationError (a one-line user error)."""
+    from switchyard.core.params import ValidationError
+
+    if args.speculative_model is not None:
+        raise ValidationError("--speculative-model: draft models are not supported yet; --speculate N alone "
+                              "proposes by n-gram lookup")
+    if args.speculate < 0:
+        raise ValidationError(f"--speculate must be >= 0, got {args.speculate}")
+    if not 1 <= args.speculate_ngram_min <= args.speculate_ngram_max:
+        raise ValidationError("--speculate-ngram-min and --speculate-ngram-max must satisfy 1 <= min <= max, got "
+                              f"{args.speculate_ngram_min} and {args.speculate_ngram_max}")
+    if args.speculate_ngram_window < 0:
+        raise ValidationError(f"--speculate-ngram-window must be >= 0, got {args.speculate_ngram_window}")
+    if not 0.0 <= args.speculate_min_acceptance <= 1.0:
+        raise ValidationError(f"--speculate-min-acceptance must be in [0, 1], got {args.speculate_min_acceptance}")
+    return SpeculativeConfig(num_speculative_tokens=args.speculate, ngram_min=args.speculate_ngram_min,
+                             ngram_max=args.speculate_ngram_max, ngram_window=args.speculate_ngram_window,
+                             min_acceptance=args.speculate_min_acceptance,
+                             adaptive=args.speculate_min_acceptance > 0)

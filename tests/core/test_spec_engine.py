@@ -1,0 +1,141 @@
+"""Speculative decoding (core/spec) through EngineCore on a tiny random Llama and the real CPU
+backend: the tokens (greedy, and seeded sampling, which is rewound to the draws it keeps) are
+those of the same engine without speculation, through mixed batches, preemption, prefix caching,
+stops, penalties, logprobs and abort, and no KV block leaks."""
+import pytest
+import torch
+
+from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from switchyard.core.engine import EngineCore
+from switchyard.core.params import SamplingParams
+from switchyard.core.request import FinishReason, Request
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, default_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=95, bos_token_id=1)
+    path = tmp_path_factory.mktemp("tiny-llama-spec")
+    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    default_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def make_engine(model_dir, speculate=0, num_blocks=128, block_size=4, budget=2048, prefix_caching=True,
+                adaptive=False):
+    return EngineCore(EngineConfig(
+        model=ModelConfig(model=model_dir),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching),
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget),
+        speculative=SpeculativeConfig(num_speculative_tokens=speculate, adaptive=adaptive), backend="cpu"))
+
+
+def run(engine, prompts, params, abort_after=None):
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(Request(f"r{i}", list(prompt), p))
+    outputs = {f"r{i}": [] for i in range(len(prompts))}
+    logprobs = {f"r{i}": [] for i in range(len(prompts))}
+    reasons = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+            if out.logprobs is not None:
+                assert len(out.logprobs) == len(out.new_token_ids)
+                logprobs[out.request_id].extend(out.logprobs)
+            if out.finish_reason is not None:
+                reasons[out.request_id] = out.finish_reason
+        steps += 1
+        if abort_after and steps == abort_after[1]:
+            engine.finish_request(abort_after[0], FinishReason.ABORT)
+    return outputs, logprobs, reasons, steps
+
+
+# Repetitive prompts (the tiny model's greedy continuations also fall into loops), so n-gram
+# lookup proposes often and both acceptance and rejection happen.
+PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5, 9], [1, 7, 3], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6],
+           [1] + [40, 41, 42, 43, 44] * 6, [1, 80, 81, 82, 80, 81, 82, 80]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def _free_blocks(engine):
+    manager = engine.scheduler.kv_cache_manager
+    return manager.num_free_blocks
+
+
+def test_greedy_tokens_equal_without_speculation_and_proposals_are_accepted(tiny_model_dir):
+    plain = make_engine(tiny_model_dir)
+    spec = make_engine(tiny_model_dir, speculate=4)
+    free = _free_blocks(spec)
+    expected, _, _, plain_steps = run(plain, PROMPTS, GREEDY)
+    got, _, _, spec_steps = run(spec, PROMPTS, GREEDY)
+    assert got == expected
+    stats = spec.scheduler.speculator.stats
+    assert stats.num_proposed > 0 and 0 < stats.num_accepted < stats.num_proposed  # both outcomes seen
+    assert spec_steps < plain_steps
+    assert _free_blocks(spec) == free  # every block back (cached ones are free, evictable)
+
+
+def test_greedy_equal_under_preemption_without_prefix_caching_and_small_budget(tiny_model_dir):
+    expected, _, _, _ = run(make_engine(tiny_model_dir), PROMPTS, GREEDY)
+    tight = make_engine(tiny_model_dir, speculate=5, num_blocks=30, prefix_caching=False, budget=24)
+    got, _, _, _ = run(tight, PROMPTS, GREEDY)
+    assert got == expected
+    assert tight.scheduler.num_preemptions > 0
+    assert _free_blocks(tight) == 29
+
+
+def test_mixed_batch_stops_penalties_and_logprobs(tiny_model_dir):
+    params = [SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.0, max_tokens=25, repetition_penalty=1.3, frequency_penalty=0.2,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(3,), min_tokens=4),
+              SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True, logprobs=0),
+              SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)]
+    expected, expected_lp, expected_reasons, _ = run(make_engine(tiny_model_dir), PROMPTS, params)
+    got, got_lp, reasons, _ = run(make_engine(tiny_model_dir, speculate=3), PROMPTS, params)
+    assert got == expected and reasons == expected_reasons
+    for rid in ("r0", "r3"):  # the ones that ask (the others get them only beside these)
+        assert len(got_lp[rid]) == len(got[rid])
+        assert got_lp[rid] == pytest.approx(expected_lp[rid], abs=1e-4)
+    assert [len(v) for v in got.values()] == [30, 25, len(expected["r2"]), 17, 1]
+
+
+def test_seeded_sampling_gives_the_same_tokens(tiny_model_dir):
+    params = [SamplingParams(temperature=0.3, top_k=20, top_p=0.9, seed=11 + i, max_tokens=30, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    expected, _, _, _ = run(make_engine(tiny_model_dir), PROMPTS, params)
+    spec = make_engine(tiny_model_dir, speculate=4)
+    got, _, _, _ = run(spec, PROMPTS, params)
+    assert got == expected
+    assert spec.scheduler.speculator.stats.num_accepted > 0
+
+
+def test_abort_mid_speculation_frees_blocks_and_leaves_others(tiny_model_dir):
+    spec = make_engine(tiny_model_dir, speculate=4, prefix_caching=False)
+    free = _free_blocks(spec)
+    undisturbed, _, _, _ = run(make_engine(tiny_model_dir), PROMPTS, GREEDY)
+    got, _, _, _ = run(spec, PROMPTS, GREEDY, abort_after=("r3", 3))
+    assert len(got["r3"]) < 40
+    assert {k: v for k, v in got.items() if k != "r3"} == {k: v for k, v in undisturbed.items() if k != "r3"}
+    assert _free_blocks(spec) == free
+    assert not spec.scheduler.speculator._trackers
+
+
+def test_adaptive_pauses_a_request_whose_proposals_fail(tiny_model_dir):
+    from switchyard.core.spec import AcceptanceTracker
+
+    tracker = AcceptanceTracker(floor=0.5)
+    for _ in range(3):
+        assert tracker.wants_proposals()
+        tracker.record(4, 0)
+    paused = sum(1 for _ in range(8) if not tracker.wants_proposals())
+    assert paused == 8 and tracker.wants_proposals()
+    expected, _, _, _ = run(make_engine(tiny_model_dir), PROMPTS, GREEDY)
+    got, _, _, _ = run(make_engine(tiny_model_dir, speculate=4, adaptive=True), PROMPTS, GREEDY)
+    assert got == expected

@@ -1,0 +1,96 @@
+"""Speculative decoding on the default model: input-grounded prompts (rename a variable, copy a
+document into JSON) give the same greedy tokens with --speculate as without, most proposals are
+accepted, and a batch mixing speculating and plain (sampled, constrained-free) requests is unchanged."""
+import pytest
+
+from switchyard.core import LLM, SamplingParams
+from switchyard.core.config import SpeculativeConfig
+
+pytestmark = pytest.mark.slow
+
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+'''
+DOC = ("Name: Ada Lovelace\\nBorn: 10 December 1815, London\\nKnown for: the first published computer program, "
+       "written for Charles Babbage's Analytical Engine\\nDied: 27 November 1852\\n")
+PROMPTS = [
+    [{"role": "user", "content": f"Rewrite this code with the variable `subtotal` renamed to `net`:\\n\\n{CODE}"}],
+    [{"role": "user", "content": f"Return this document as JSON with the keys name, born, known_for, died:\\n\\n{DOC}"}],
+    [{"role": "user", "content": "Write one sentence about the sea."}],
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    plain = LLM(num_kv_blocks=256, max_num_batched_tokens=512)
+    spec = LLM(num_kv_blocks=256, max_num_batched_tokens=512, speculative=SpeculativeConfig(num_speculative_tokens=5))
+    yield plain, spec
+    plain.shutdown()
+    spec.shutdown()
+
+
+NEAR_TIE = 0.05  # log-probability gap under which two tokens are a tie for the CPU's float paths
+
+
+def _same_greedy(got, expected, expected_top):
+    """Equal, or equal up to a position where the plain run's top two tokens were a near-tie:
+    a verify step computes its positions on the prompt-chunk path, whose float rounding differs
+    from the one-token decode path's by up to ~0.1 in log-probability on this model (as a
+    chunked prefill does), so an exact tie may break the other way; nothing else may differ."""
+    if got == expected:
+        return True
+    index = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+    top = dict(expected_top[index])
+    return got[index] in top and top[expected[index]] - top[got[index]] < NEAR_TIE
+
+
+def _run(llm, params):
+    """Token ids and top log-probabilities of each prompt, all in one batch, through the engine."""
+    from switchyard.core.request import Request
+
+    for i, messages in enumerate(PROMPTS):
+        text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        llm.engine.add_request(Request(f"g{i}", llm.tokenizer.encode(text, add_special_tokens=False), params))
+    tokens = {f"g{i}": [] for i in range(len(PROMPTS))}
+    tops = {f"g{i}": [] for i in range(len(PROMPTS))}
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+            tops[out.request_id].extend(out.top_logprobs or ())
+    return list(tokens.values()), list(tops.values())
+
+
+def test_greedy_tokens_are_those_without_speculation(engines):
+    plain, spec = engines
+    params = SamplingParams(temperature=0.0, max_tokens=64, logprobs=3)
+    expected, tops = _run(plain, params)
+    got, _ = _run(spec, params)
+    for g, e, top in zip(got, expected, tops):
+        assert _same_greedy(g, e, top)
+    assert any(g == e for g, e in zip(got, expected))
+    stats = spec.engine.scheduler.speculator.stats
+    assert stats.num_accepted > 0.5 * stats.num_proposed  # input-grounded: most proposals hold
+    print(f"speculation: {stats}")
+
+
+def test_mixed_batch_with_sampling_and_stop_strings(engines):
+    plain, spec = engines
+    params = [SamplingParams(temperature=0.0, max_tokens=40),
+              SamplingParams(temperature=0.0, max_tokens=60, stop=["}"]),
+              SamplingParams(temperature=0.8, seed=7, max_tokens=40)]
+    expected = plain.chat(PROMPTS, params)
+    got = spec.chat(PROMPTS, params)
+    same = 0
+    for e, g in zip(expected, got):
+        e, g = e.outputs[0], g.outputs[0]
+        if g.token_ids == e.token_ids:
+            same += 1
+            assert g.text == e.text and g.finish_reason == e.finish_reason
+        if g.finish_reason.value == "stop_string":
+            assert g.text.count("}") == 0 and len(g.token_ids) <= 60
+    assert same >= 1
