@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .backend_contract import AttentionMetadata
-from .runner import ModelRunner
+from .runner import ModelRunner, decodes_by_row
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 MAX_CAPTURE_SIZE = 512
@@ -101,6 +101,14 @@ def decode_only(scheduler_output: SchedulerOutput) -> bool:
     (graphs return the logits of the last token of each row only)."""
     scheduled = scheduler_output.scheduled
     return bool(scheduled) and not any(len(s.token_ids) != 1 or s.computes_prompt_logprobs for s in scheduled)
+
+
+def decode_rows_only(scheduler_output: SchedulerOutput) -> bool:
+    """Whether every request of the step is attended as decode rows (core/runner.py
+    decodes_by_row: a decode, or a decode verifying proposed tokens) and none scores its
+    prompt: a kernel that runs a batch of one-token decodes runs the step."""
+    return bool(scheduler_output.scheduled) and all(decodes_by_row(s) and not s.computes_prompt_logprobs
+                                                    for s in scheduler_output.scheduled)
 
 
 def sampling_rows(scheduled: tuple[ScheduledRequest, ...], logits: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]:

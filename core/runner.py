@@ -22,12 +22,22 @@ class StepInput:
     prompt_logits_spans: tuple[tuple[str, int, int], ...] = ()
 
 
+def decodes_by_row(s: ScheduledRequest) -> bool:
+    """Whether a request's query tokens are attended as decode rows, one query token each: a
+    decode, and a decode verifying proposed tokens (core/spec). Each of a verify's k + 1 rows
+    attends to the cache up to its own position (every row's keys and values are written
+    before any row attends), so it gets the logits the plain decode of its token would: the
+    kernels of a decode do not depend on the rows beside it, and greedy speculation gives the
+    tokens of greedy decoding exactly."""
+    return len(s.token_ids) == 1 + s.num_draft_tokens
+
+
 def order_for_attention(scheduled: tuple[ScheduledRequest, ...]) -> list[ScheduledRequest]:
-    """Decodes (one query token) first, as AttentionMetadata promises the kernels."""
-    decodes = [s for s in scheduled if len(s.token_ids) == 1]
+    """Decode rows first, as AttentionMetadata promises the kernels."""
+    decodes = [s for s in scheduled if decodes_by_row(s)]
     if len(decodes) == len(scheduled):
         return list(scheduled)
-    return decodes + [s for s in scheduled if len(s.token_ids) != 1]
+    return decodes + [s for s in scheduled if not decodes_by_row(s)]
 
 
 def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device) -> StepInput:
@@ -45,32 +55,39 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     sampling_ids: list[str] = []
     prompt_spans: list[tuple[str, int, int]] = []
     num_decodes = 0
+    rows: list[ScheduledRequest] = []  # the request of each attention row
     for s in ordered:
-        n, start = len(s.token_ids), s.num_computed_tokens
-        num_decodes += n == 1
+        n, start, first = len(s.token_ids), s.num_computed_tokens, query_start_loc[-1]
         input_ids.extend(s.token_ids)
         positions.extend(range(start, start + n))
         slot_mapping.extend(_slots(s.block_ids, start, start + n, block_size))
-        query_start_loc.append(query_start_loc[-1] + n)
-        seq_lens.append(start + n)
+        if decodes_by_row(s):  # n rows of one query token
+            num_decodes += n
+            query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + n + 1))
+            seq_lens.extend(range(start + 1, start + n + 1))
+            rows.extend([s] * n)
+        else:
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(start + n)
+            rows.append(s)
         if s.samples:
-            end = query_start_loc[-1]
-            logits_indices.extend(range(end - s.num_logits, end))
+            logits_indices.extend(range(first + n - s.num_logits, first + n))
             sampling_ids.append(s.request_id)
         if s.computes_prompt_logprobs:
             # position j scores token j + 1; the last position of a final chunk scores an output
             count = n - 1 if s.samples else n
             if count > 0:
-                prompt_spans.append((s.request_id, query_start_loc[-2], count))
+                prompt_spans.append((s.request_id, first, count))
     max_blocks = max(-(-length // block_size) for length in seq_lens)
     table = [list(s.block_ids[:max_blocks]) + [0] * (max_blocks - min(len(s.block_ids), max_blocks))
-             for s in ordered]
+             for s in rows]
     meta = AttentionMetadata(
         query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_table=torch.tensor(table, dtype=torch.int32, device=device),
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-        num_decodes=num_decodes, max_query_len=max(len(s.token_ids) for s in ordered), max_seq_len=max(seq_lens),
+        num_decodes=num_decodes, max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
+        max_seq_len=max(seq_lens),
         query_start_loc_cpu=tuple(query_start_loc), seq_lens_cpu=tuple(seq_lens))
     return StepInput(
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),

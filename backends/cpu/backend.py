@@ -19,6 +19,7 @@ from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
 from .compiled import describe as describe_compiled
 from .extension import PagedDecode
 from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
+from .runner import CpuModelRunner
 from .fused_decode import describe as describe_fused
 from .linear import describe as describe_linears
 from .linear import load_rows_kernel, pack_linears, packable_dtypes, packing_supported, rows_kernel_rows
@@ -192,14 +193,14 @@ class CpuBackend(Backend):
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
         """Once the in-place decode kernel is built or reused (extension.py; the gather path, with
-        its reason logged, if it cannot be): the plain runner, or with `config.compile_decode`
+        its reason logged, if it cannot be): the eager runner (runner.py), or with `config.compile_decode`
         the runner whose decode-only steps run every layer in C++ (fused_decode.py) when the
         model declares the Llama decoder layout, else the runner of decode graphs compiled here,
         at warm-up (compiled.py)."""
         cache_root = _cache_root(config.model.cache_dir)
         self._decode.load(cache_root)
         if not config.compile_decode:
-            return super().make_runner(loaded, kv_caches, config)
+            return CpuModelRunner(loaded.model, self, kv_caches, config.cache.block_size)
         layout = loaded.model.decoder_layout()
         fused = self._fused_program(layout, loaded.dtype, config, cache_root)
         if not isinstance(fused, str):

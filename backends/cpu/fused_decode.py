@@ -20,14 +20,15 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from switchyard.core.decode_batch import decode_only
+from switchyard.core.decode_batch import decode_rows_only
 from switchyard.core.layers import Linear
 from switchyard.core.models.layout import DecoderLayout
-from switchyard.core.runner import ModelRunner, build_step_input
+from switchyard.core.runner import build_step_input
 
 from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
 from .linear import PackedLinear
-from .quant import DECODE_BATCH_ROWS, BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
+from .quant import DECODE_BATCH_ROWS, BlockLinear, Int4Linear, Int8Linear, QuantizedLinear, decode_step
+from .runner import CpuModelRunner
 
 DENSE, ONEDNN, BLOCKS, INT8, INT4, ROWS = range(6)  # csrc/decode_layers.cpp's linear kinds
 _NONE = torch.empty(0)
@@ -117,7 +118,7 @@ def fused_program(layout: DecoderLayout | None, build: ExtensionBuild, dtype: to
     return program
 
 
-class FusedDecodeRunner(ModelRunner):
+class FusedDecodeRunner(CpuModelRunner):
     """ModelRunner whose decode-only steps run the model's DecodeLayers program (see above)."""
 
     def __init__(self, model: nn.Module, backend, kv_caches: list[torch.Tensor], block_size: int,
@@ -128,16 +129,17 @@ class FusedDecodeRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute(self, scheduler_output):
-        if not decode_only(scheduler_output):
+        if not decode_rows_only(scheduler_output):
             return super().execute(scheduler_output)
         step = build_step_input(scheduler_output, self.block_size, self.backend.device)
-        meta = step.meta
+        meta = step.meta  # one decode row per query token, a verify's too (core/runner.py decodes_by_row)
         hidden = self.layout.embed(step.input_ids).contiguous()
         cos, sin = self.layout.rotary(step.positions, hidden.dtype)
         hidden = self.program.forward(hidden, cos, sin, self.kv_caches, meta.slot_mapping, meta.block_table,
                                       meta.seq_lens)
         self.last_prompt_logits = {}
         self.num_fused_steps += 1
-        if len(step.sampling_request_ids) != hidden.shape[0]:
+        if step.logits_indices.shape[0] != hidden.shape[0]:
             hidden = hidden[step.logits_indices]
-        return self.model.compute_logits(hidden), step.sampling_request_ids
+        with decode_step(self.block_linears):  # the head's rows as the layers' (the batch does not matter)
+            return self.model.compute_logits(hidden), step.sampling_request_ids

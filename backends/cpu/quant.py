@@ -28,6 +28,7 @@ That copy costs 2 bytes per weight on top of the packed ones; batch_rows=None ke
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import replace
 
@@ -56,6 +57,22 @@ FAST_BLOCK_ISAS = ("avx512-vnni", "avx2")  # block_mm_isa() values faster than t
 # rounding (the default model's chat answer went wrong, and Gemma 3's argmax drifted from the
 # dequantized file's), so they take the bf16 GEMM as before.
 DECODE_BATCH_ROWS = 256
+
+
+@contextlib.contextmanager
+def decode_step(modules: list[BlockLinear]):
+    """Within: `modules` (a model's BlockLinears) multiply up to DECODE_BATCH_ROWS rows with the
+    integer kernel, as the fused C++ decode layers do, so that a decode row's output does not
+    depend on how many rows share its step (a flag on each module: torch.compile traces it)."""
+    for module in modules:
+        module.in_decode_step = True
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.in_decode_step = False
+
+
 INNER_K_TILES = 2  # the int4 pack's tiling (2, 4 or 8 all divide the 576-wide default model)
 INT4_ROWS = 16  # the int4 pack wants a multiple of 16 output rows; others are padded
 
@@ -99,10 +116,15 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_order is not None:
             x = x.index_select(-1, self.input_order)
-        out = self.multiply_batch(x) if self.batch_rows is not None and x.shape[0] > self.batch_rows else None
+        limit = self.row_limit()
+        out = self.multiply_batch(x) if limit is not None and x.shape[0] > limit else None
         if out is None:
             out = self.multiply(x)
         return out if self.bias is None else out + self.bias
+
+    def row_limit(self) -> int | None:
+        """Rows past which a call takes `multiply_batch` (None: never)."""
+        return self.batch_rows
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -155,6 +177,12 @@ class BlockLinear(QuantizedLinear):
         self.register_buffer("segments", packed.segments, persistent=False)
         self.batch_dtype = batch_dtype
         self.ops = ops
+        self.in_decode_step = False  # set by decode_step()
+
+    def row_limit(self) -> int | None:
+        if self.batch_rows is not None and self.in_decode_step:
+            return max(self.batch_rows, DECODE_BATCH_ROWS)
+        return self.batch_rows
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.block_mm(x, self.packed, self.segments, self.out_features)

@@ -175,4 +175,6 @@ def test_without_the_in_place_kernel_nothing_is_compiled(cache_root, caplog):
 
 
 def test_the_library_default_is_eager(cache_root):
-    assert type(make_engine(cache_root, compile_decode=False).runner) is ModelRunner
+    from switchyard.backends.cpu.runner import CpuModelRunner
+
+    assert type(make_engine(cache_root, compile_decode=False).runner) is CpuModelRunner
