@@ -5,11 +5,13 @@ from fastapi.responses import Response
 
 from switchyard.core.client import EngineClient
 
-from .errors import SafeJSONResponse
+from .errors import RETRY_AFTER_SECONDS, SafeJSONResponse
 
 
 def health_response(client: EngineClient) -> Response:
-    """200 once warmed up; TGI's 503 body before that (/health, /ping, GET /)."""
+    """200 once warmed up; TGI's 503 body before that (/health, /ping, GET /), with Retry-After
+    while the model loads (not once the engine has stopped for good: the server exits then)."""
     if not client.ready:
-        return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503)
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if client.failure is None else None
+        return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503, headers=retry)
     return Response(status_code=200)

@@ -45,10 +45,24 @@ def test_health_is_503_until_the_model_is_ready_and_generation_is_refused():
     response = client.get("/health")
     assert response.status_code == 503
     assert response.json() == {"error": "unhealthy", "error_type": "healthcheck"}
+    assert response.headers["retry-after"] == "1"  # still loading: a probe may come back
     assert client.get("/metrics").status_code == 200
     assert client.post("/generate", json={"inputs": "hi"}).status_code == 503
     response = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
     assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+
+
+class _StoppedClient(_LoadingClient):
+    """An engine client whose engine has stopped for good."""
+
+    @property
+    def failure(self):
+        return RuntimeError("the engine process ended (exit code -9)")
+
+
+def test_health_of_a_stopped_engine_is_503_without_retry_after():
+    response = TestClient(create_app(ServerSettings(model_id="m"), _StoppedClient())).get("/health")
+    assert response.status_code == 503 and "retry-after" not in response.headers
 
 
 def _free_port() -> int:
