@@ -111,8 +111,8 @@ class CpuBackend(Backend):
                             static_shapes=False, attention_impl=self.attention_impl(),
                             quantizations=served_by(self.name),
                             preferred_dtype=preferred_dtype(), runtime=this_machine().describe(),
-                            # a verify step (a decode with proposed tokens) runs the general,
-                            # prompt-chunk path; the C++ and compiled decode paths take 1-token steps
+                            # a verify's tokens are decode rows (core/runner.py decodes_by_row): the
+                            # fused C++ layers run them; the compiled graphs leave them to eager steps
                             multi_token_decode=True)
 
     def process_environment(self, config) -> dict[str, str]:

@@ -76,7 +76,10 @@ class CudaBackend(Backend):
         return Capabilities(dtypes=("bfloat16", "float16", "float32"), block_sizes=(16, 32, 64, 128, 256),
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=True,
                             static_shapes=False, attention_impl=describe_attention(flash_attn_module()),
-                            quantizations=served_by(self.name))
+                            quantizations=served_by(self.name),
+                            # a verify step's tokens are decode rows (core/runner.py decodes_by_row), run
+                            # eagerly: the decode graphs take steps of one token per request
+                            multi_token_decode=True)
 
     @property
     def device(self) -> torch.device:

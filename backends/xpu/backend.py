@@ -77,7 +77,8 @@ class XpuBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(dtypes=("float32", "bfloat16", "float16"), block_sizes=BLOCK_SIZES,
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
-                            static_shapes=False, attention_impl=ATTENTION_IMPL)
+                            static_shapes=False, attention_impl=ATTENTION_IMPL,
+                            multi_token_decode=True)  # a verify's tokens are decode rows (core/runner.py)
 
     @property
     def device(self) -> torch.device:
