@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 
 def default_cache_root() -> str:
@@ -170,23 +171,51 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (core/spec/, TGI's --speculate): each decoding request may verify up to
-    `num_speculative_tokens` proposed tokens per step; 0 = off. Proposals come from n-gram lookup
-    in the request's own tokens (prompt and output): the longest suffix of `ngram_max` down to
-    `ngram_min` tokens that occurred before, within the last `ngram_window` tokens (0 = all).
+    `num_speculative_tokens` proposed tokens per step; 0 = off. Proposals come from:
+
+    - method "ngram": n-gram lookup in the request's own tokens (prompt and output): the longest
+      suffix of `ngram_max` down to `ngram_min` tokens that occurred before, within the last
+      `ngram_window` tokens (0 = all);
+    - method "draft": a draft model (`draft_model`: a path or name as ModelConfig.model takes it,
+      --speculative-model) sharing the target's tokenizer, loaded like the target (its dtype,
+      cache directory and model code choice) and run greedily beside it with its own paged KV
+      cache of `draft_num_blocks` blocks (None: as many as the target's, the same tokens).
+
     A request whose acceptance rate stays below `min_acceptance` over its last proposals stops
-    proposing for a while (core/spec/adaptive.py), so non-repetitive traffic is not slowed."""
+    proposing for a while (core/spec/adaptive.py), so traffic the proposals miss is not slowed."""
+
+    # --speculate N alone is n-gram lookup; --speculative-model without --speculate verifies this many
+    DEFAULT_DRAFT_TOKENS: ClassVar[int] = 4
+    METHODS: ClassVar[tuple[str, ...]] = ("ngram", "draft")
 
     num_speculative_tokens: int = 0  # --speculate N
-    method: str = "ngram"  # the proposer (core/spec/proposer.py); a draft model is not built yet
+    method: str = "ngram"  # the proposer (core/spec/proposer.py): "ngram" | "draft"
     ngram_min: int = 1
     ngram_max: int = 4
     ngram_window: int = 0
     min_acceptance: float = 0.3
     adaptive: bool = True
+    draft_model: str | None = None  # method "draft": --speculative-model
+    draft_num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in self.METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(self.METHODS)}, got {self.method!r}")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise ValueError("a draft model goes with method 'draft', and method 'draft' needs a draft_model")
 
     @property
     def enabled(self) -> bool:
         return self.num_speculative_tokens > 0
+
+    def draft_model_config(self, target: ModelConfig) -> ModelConfig:
+        """What to load as the draft: `draft_model` with the target's dtype, cache directory,
+        seed and model code choice; its own weights' format and context length, unquantized
+        unless its checkpoint is."""
+        if self.draft_model is None:
+            raise ValueError("no draft model is configured")
+        return replace(target, model=self.draft_model, quantize=None, load_format="auto", revision=None,
+                       max_model_len=None, chat_template=None)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .kv.sizing import KVCacheSize
 from .spec import num_accepted
+from .spec.build import build_speculator
+from .spec.draft import check_draft_model
 from .shard_worker import ShardSet, build_shard_model, kv_bytes_per_block, num_kv_blocks_for  # noqa: F401 - re-export
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,8 @@ class EngineCore:
         # refuses what the backend declares it cannot serve; turns off what it cannot do
         self.config = config = check_capabilities(self.backend.name, self.backend.capabilities(), config)
         block_size = config.cache.block_size
+        if config.speculative.enabled and config.speculative.method == "draft":
+            check_draft_model(config, tokenizer)  # a draft without the model's tokenizer: one line, nothing loaded
         # rank 0 runs here; this node's other shards start first and join as it loads
         self.shards = ShardSet.start(config, self.backend)
         try:
@@ -47,17 +51,24 @@ class EngineCore:
                 raise self.shards.terminated(exc) from exc
             raise
         self.loaded, num_blocks, self.runner = built.loaded, built.num_blocks, built.runner
-        self.scheduler = Scheduler.for_engine(config, num_blocks)
-        self.sampler = Sampler()
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids, config.speculative.num_speculative_tokens)
+        # constrained requests speculate too: their matchers roll back over k proposals
+        self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids,
+                                               config.speculative.num_speculative_tokens)
+        try:
+            speculator = build_speculator(config, self.backend, self.loaded, num_blocks, self.constrained)
+        except BaseException:
+            self.shards.shutdown()
+            raise
+        self.scheduler = Scheduler.for_engine(config, num_blocks, speculator)
+        self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
         self.last_scheduler_output: SchedulerOutput | None = None  # for step metrics
         self.last_num_accepted = 0  # speculative tokens the last step accepted (step metrics)
         self._prompt_logprobs: dict[str, list] = {}  # request id -> scored prompt tokens so far
         self._tokenizer = tokenizer
         self.grammar_service = GrammarCompileService(self._make_grammar_compiler, config.grammar)
-        self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids)
         # constrained requests whose grammar is still compiling: held here, out of the scheduler
         self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
         kv = KVCacheSize(num_blocks, block_size, num_blocks * kv_bytes_per_block(self.loaded),
@@ -134,21 +145,21 @@ class EngineCore:
             return failed
         requests = [self.scheduler.get_request(rid) for rid in request_ids]
         plan = VerifyPlan.of(scheduler_output, request_ids)
+        grammar_mask = self.constrained.mask(plan.row_request_ids, plan.drafts_by_request)  # before the rows' bans
         rows = [row for request, drafts in zip(requests, plan.drafts) for row in self._sample_rows(request, drafts)]
-        grammar_mask = self.constrained.mask(plan.row_request_ids)
         rewinds = self._generator_states(plan)
         sampled = self.sampler(logits, rows, grammar_mask)
         token_ids = {rid: plan.accepted(i, sampled.token_ids) for i, rid in enumerate(request_ids)}
+        rejected = self._advance_grammars(token_ids) if grammar_mask is not None else ()
         self.last_num_accepted = sum(len(t) - 1 for t in token_ids.values())
         for rid, state in rewinds.items():
             _rewind(self._generators[rid], state, len(token_ids[rid]), logits.shape[-1])
-        rejected = self._advance_grammars({rid: token_ids[rid][0] for rid in request_ids if rid in self.constrained}
-                                          ) if grammar_mask is not None else ()
         num_before = [len(r.output_token_ids) for r in requests]
         finished = self.scheduler.update(scheduler_output, token_ids)
         reasons = {r.request_id: r.finish_reason for r in finished}
         if grammar_mask is not None:
-            self._finish_complete_grammars([plan.row_request_ids[i] for i in grammar_mask.rows], reasons)
+            self._finish_complete_grammars(list(dict.fromkeys(plan.row_request_ids[i] for i in grammar_mask.rows)),
+                                           reasons)
         for rid in reasons:
             self._generators.pop(rid, None)
             self.constrained.remove(rid)
@@ -186,10 +197,19 @@ class EngineCore:
                 failed.append(EngineCoreOutput(request_id, (), FinishReason.ABORT, error=exc))
         return failed
 
-    def _advance_grammars(self, token_ids: dict[str, int]) -> list[str]:
-        """Advance each constrained request's matcher; the ids of any that rejected their token."""
-        return [rid for rid, token in token_ids.items()
-                if rid in self.constrained and not self.constrained.advance(rid, token)]
+    def _advance_grammars(self, token_ids: dict[str, list[int]]) -> list[str]:
+        """Advance each constrained request's matcher by the tokens it keeps, cutting its run
+        after the token that completes its grammar (as without speculation, nothing follows
+        it); the ids of any whose grammar rejected a token."""
+        rejected = []
+        for rid, tokens in token_ids.items():
+            if rid in self.constrained:
+                count = self.constrained.accept_run(rid, tokens)
+                if count is None:
+                    rejected.append(rid)
+                else:
+                    del tokens[count:]
+        return rejected
 
     def _finish_complete_grammars(self, request_ids: list[str], reasons: dict) -> None:
         """Requests whose grammar is complete end (decide_finish weighs that against the
@@ -237,15 +257,16 @@ class EngineCore:
         so penalties and min_tokens see what they would see without speculation)."""
         rows = [self._sample_row(request, request.output_token_ids)]
         for j in range(1, len(drafts) + 1):
-            rows.append(self._sample_row(request, request.output_token_ids + list(drafts[:j])))
+            rows.append(self._sample_row(request, request.output_token_ids + list(drafts[:j]), j))
         return rows
 
-    def _sample_row(self, request: Request, output_token_ids: list[int]) -> SampleRow:
+    def _sample_row(self, request: Request, output_token_ids: list[int], position: int = 0) -> SampleRow:
+        """`position`: how many proposals precede the row (its grammar row, for the bans)."""
         params = request.sampling_params
         banned: tuple[int, ...] = ()
         if len(output_token_ids) < params.min_tokens:
             banned = params.stop_token_ids + (() if params.ignore_eos else request.eos_token_ids)
-            banned = self.constrained.feasible_bans(request.request_id, banned)
+            banned = self.constrained.feasible_bans(request.request_id, banned, position)
         return SampleRow(request.request_id, params, self._generators.get(request.request_id),
                          request.prompt_token_ids, output_token_ids, banned)
 
@@ -270,6 +291,11 @@ class VerifyPlan:
             row_ids.extend([rid] * (len(draft) + 1))
             row += len(draft) + 1
         return cls(tuple(request_ids), drafts, tuple(starts), tuple(row_ids))
+
+    @property
+    def drafts_by_request(self) -> dict[str, tuple[int, ...]]:
+        """The proposed tokens of each request that verifies some."""
+        return {rid: drafts for rid, drafts in zip(self.request_ids, self.drafts) if drafts}
 
     def accepted(self, index: int, sampled: list[int]) -> list[int]:
         """The tokens request `index` produces: its accepted proposals and the sample after them."""

@@ -14,10 +14,11 @@ preempted (recomputed later; its hashed blocks usually survive in the cache), a
 prompt chunk shrinks to the room left, and a step that preempted or left a running
 request without room admits nobody, so the head of the queue is never overtaken.
 
-Speculative decoding (core/spec): a decode whose request has proposals (and room for them in
-the budget and the block pool; they never preempt anyone) is scheduled as its last token plus the
-proposed ones; `update()` takes the accepted run, rolls the computed count back to it and gives
-back the blocks that held only rejected tokens.
+Speculative decoding (core/spec): the speculator is asked once per step for the proposals of
+every decode (so a draft model runs one batched forward per proposed position); a decode whose
+request has proposals (and room for them in the budget and the block pool; they never preempt
+anyone) is scheduled as its last token plus the proposed ones; `update()` takes the accepted
+run, rolls the computed count back to it and gives back the blocks that held only rejected tokens.
 
 Backends that cannot mix prefill and decode get steps of one kind (prefill_policy.py).
 The engine calls `schedule()`, runs the model, samples, then `update()`, on one
@@ -54,10 +55,9 @@ class Scheduler:
         self._awaiting_update = False  # schedule() returned an output update() has not seen
 
     @classmethod
-    def for_engine(cls, config: EngineConfig, num_blocks: int) -> Scheduler:
+    def for_engine(cls, config: EngineConfig, num_blocks: int, speculator: Speculator | None = None) -> Scheduler:
         """The configured policy; the engine has already narrowed `config` to what its backend
-        can do (core/capabilities.py)."""
-        speculator = Speculator(config.speculative) if config.speculative.enabled else None
+        can do (core/capabilities.py) and built the speculator (core/spec/build.py), if any."""
         return cls(config.scheduler, KVCacheManager(BlockPool(num_blocks), config.cache.block_size,
                                                     config.cache.enable_prefix_caching), speculator)
 
@@ -110,13 +110,14 @@ class Scheduler:
     def _schedule_decodes(self, draft: StepDraft) -> None:
         """One token for each running request that has only its last token to compute (with
         its proposed tokens, when it speculates and they fit)."""
+        proposals = self._proposals(draft)
         index = 0
         while index < len(self.running) and draft.budget > 0:
             request = self.running[index]
             if not _is_decode(request) or request.request_id in draft.scheduled:
                 index += 1
                 continue
-            proposed = self._proposals(request, draft.budget - 1)
+            proposed = proposals.get(request.request_id, [])[:draft.budget - 1]
             if proposed and self.kv_cache_manager.allocate_slots(request, 1, num_lookahead=len(proposed)):
                 draft.add(self._scheduled_request(request, 1, proposed))
                 index += 1
@@ -131,12 +132,16 @@ class Scheduler:
                 draft.add(self._scheduled_request(request, 1))
                 index += 1
 
-    def _proposals(self, request: Request, room: int) -> list[int]:
-        """Proposed tokens a decode verifies this step: within the budget's room, and so
-        that all of them plus the bonus token stay within the request's length."""
-        if self.speculator is None:
-            return []
-        return self.speculator.propose(request, min(room, self.max_num_tokens(request) - request.num_tokens - 1))
+    def _proposals(self, draft: StepDraft) -> dict[str, list[int]]:
+        """The proposed tokens of this step's decodes, asked for all of them at once: each
+        within the budget's room beside its own token, and so that all of them plus the bonus
+        token stay within the request's length. The loop that schedules the decodes cuts them
+        to the room left when it reaches each one."""
+        if self.speculator is None or draft.budget < 2:
+            return {}
+        return self.speculator.propose([
+            (request, min(draft.budget - 1, self.max_num_tokens(request) - request.num_tokens - 1))
+            for request in self.running if _is_decode(request) and request.request_id not in draft.scheduled])
 
     def _schedule_prefills(self, draft: StepDraft) -> None:
         """The next prompt chunks of running requests, then admissions."""

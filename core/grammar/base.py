@@ -56,7 +56,11 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class GrammarMatcher(ABC):
-    """One request's position in a compiled grammar."""
+    """One request's position in a compiled grammar.
+
+    Speculative decoding (core/spec) advances a matcher through a request's proposed tokens to
+    mask each verified position, then rolls it back; a matcher keeps at least the last
+    `max_rollback_tokens` steps (CompiledGrammar.new_matcher) for that."""
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -65,6 +69,11 @@ class GrammarMatcher(ABC):
     @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the tokens allowed next into bitmask[row] (EOS only in accepting states)."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens (an accepted EOS included); at most the
+        `max_rollback_tokens` the matcher was made with. ValueError past what it keeps."""
 
     @property
     @abstractmethod
@@ -81,7 +90,9 @@ class CompiledGrammar(ABC):
     nbytes: int = 0  # its serialized size: what the compile cache counts against its byte bound
 
     @abstractmethod
-    def new_matcher(self) -> GrammarMatcher: ...
+    def new_matcher(self, max_rollback_tokens: int = 0) -> GrammarMatcher:
+        """A matcher at the grammar's start that can roll back its last `max_rollback_tokens`
+        tokens (GrammarMatcher.rollback)."""
 
 
 class GrammarCompiler(ABC):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections import deque
 
 import torch
 
@@ -32,12 +33,20 @@ _SENTINEL_LEAD = SENTINEL.encode()[0]
 
 
 class OutlinesMatcher(GrammarMatcher):
-    def __init__(self, compiled: OutlinesCompiled):
+    """The automaton's state lives in an outlines Guide, which keeps its last
+    `max_rollback_tokens` states; an accepted EOS only sets `_terminated`. `_steps` records,
+    for each token still undoable, whether it moved the guide (False: it was the EOS), so a
+    rollback winds the guide back by the tokens that moved it and clears the EOS."""
+
+    def __init__(self, compiled: OutlinesCompiled, max_rollback_tokens: int = 0):
         import outlines_core
 
+        if max_rollback_tokens < 0:
+            raise ValueError(f"max_rollback_tokens must be >= 0, got {max_rollback_tokens}")
         self._compiled = compiled
-        self._guide = outlines_core.Guide(compiled.index)
+        self._guide = outlines_core.Guide(compiled.index, max_rollback=max_rollback_tokens)
         self._terminated = False
+        self._steps: deque[bool] = deque(maxlen=max_rollback_tokens)
 
     def accept_token(self, token_id: int) -> bool:
         if self._terminated or token_id == self._compiled.sentinel_id:
@@ -46,11 +55,27 @@ class OutlinesMatcher(GrammarMatcher):
             if not self.can_terminate:
                 return False
             self._terminated = True
+            self._record(False)
             return True
         if not self._guide.accepts_tokens([token_id]):
             return False
         self._guide.advance(token_id, return_tokens=False)
+        self._record(True)
         return True
+
+    def _record(self, moved_guide: bool) -> None:
+        if self._steps.maxlen:
+            self._steps.append(moved_guide)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > len(self._steps):
+            raise ValueError(f"cannot roll back {num_tokens} tokens: the matcher keeps its last {len(self._steps)}")
+        undone = [self._steps.pop() for _ in range(num_tokens)]
+        if undone and not undone[0]:  # only the last token can be the EOS: nothing follows it
+            self._terminated = False
+        moves = sum(undone)
+        if moves:
+            self._guide.rollback_state(moves)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._terminated:
@@ -81,8 +106,8 @@ class OutlinesCompiled(CompiledGrammar):
         self._final_states = frozenset(index.get_final_states())
         self._state_masks: dict[int, torch.Tensor] = {}  # bounded by _MAX_CACHED_STATES
 
-    def new_matcher(self) -> OutlinesMatcher:
-        return OutlinesMatcher(self)
+    def new_matcher(self, max_rollback_tokens: int = 0) -> OutlinesMatcher:
+        return OutlinesMatcher(self, max_rollback_tokens)
 
     def accepts_at(self, state: int) -> bool:
         """Whether the regex accepts the output that led to `state`."""

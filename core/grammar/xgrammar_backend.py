@@ -15,16 +15,29 @@ _COMPACT = {"any_whitespace": False, "separators": (",", ":")}
 
 
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, compiled):
+    """xgrammar's matcher. Its rollback is unlimited since its Earley parser (its
+    `max_rollback_tokens` is deprecated, -1 = unlimited, and a warning for any other value):
+    every bound a caller asks for is met."""
+
+    def __init__(self, compiled, max_rollback_tokens: int = 0):
         import xgrammar
 
-        self._matcher = xgrammar.GrammarMatcher(compiled)
+        if max_rollback_tokens < 0:
+            raise ValueError(f"max_rollback_tokens must be >= 0, got {max_rollback_tokens}")
+        self._matcher = xgrammar.GrammarMatcher(compiled, max_rollback_tokens=-1)
 
     def accept_token(self, token_id: int) -> bool:
         return self._matcher.accept_token(token_id)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            try:
+                self._matcher.rollback(num_tokens)
+            except RuntimeError as exc:  # more than it has accepted
+                raise ValueError(str(exc)) from None
 
     @property
     def can_terminate(self) -> bool:
@@ -39,8 +52,8 @@ class XGrammarCompiled(CompiledGrammar):
     def __init__(self, compiled):
         self._compiled = compiled
 
-    def new_matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self._compiled)
+    def new_matcher(self, max_rollback_tokens: int = 0) -> XGrammarMatcher:
+        return XGrammarMatcher(self._compiled, max_rollback_tokens)
 
 
 class XGrammarCompiler(GrammarCompiler):

@@ -132,7 +132,12 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens
         if num_computed // self.block_size > num_verified // self.block_size and self.hashes_blocks(request):
             self._cache_full_blocks(request, num_verified, num_computed, confirmed=True)
-        keep = cdiv(num_computed, self.block_size)
+        self.trim(request)
+
+    def trim(self, request: Request) -> None:
+        """Give back the request's blocks past those its first `num_computed_tokens` positions
+        use (slots of rejected speculative tokens; a draft model rolled back, core/spec/draft.py)."""
+        keep = cdiv(request.num_computed_tokens, self.block_size)
         if len(request.block_ids) > keep:
             surplus = request.block_ids[keep:]
             del request.block_ids[keep:]

@@ -10,7 +10,10 @@ a lookup reads a few candidate positions rather than scanning the whole sequence
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..request import Request
+from .proposer import ProposalSlot
 
 _MAX_CANDIDATES = 64  # most recent occurrences of the last token that are compared
 
@@ -32,7 +35,11 @@ class NgramProposer:
         self.min_n, self.max_n, self.window = min_n, max_n, window
         self._indexes: dict[str, _Index] = {}
 
-    def propose(self, request: Request, max_tokens: int) -> list[int]:
+    def propose(self, slots: Sequence[ProposalSlot]) -> list[list[int]]:
+        return [self.lookup(request, max_tokens) for request, max_tokens in slots]
+
+    def lookup(self, request: Request, max_tokens: int) -> list[int]:
+        """One request's proposals: what followed the latest, longest match of its last tokens."""
         tokens = request.all_token_ids
         last = len(tokens) - 1
         if last < self.min_n or max_tokens < 1:

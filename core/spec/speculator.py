@@ -1,20 +1,24 @@
 """The speculator: which tokens each decoding request proposes this step, and the counts.
 
-The scheduler asks `propose(request, limit)` for each decode it schedules and reports each
-verified step's outcome with `record`; the engine ends a request's state with `forget`. The
-one decision of whether a request speculates is made here: not for constrained requests (the
-grammar matcher would have to be advanced and rolled back over the proposals; they decode as
-without speculation), not while its acceptance tracker pauses it, and never past its length.
+The scheduler asks `propose(slots)` once per step for all the decodes it may schedule (each
+with the most tokens its length and the step's budget leave) and reports each verified step's
+outcome with `record`; the scheduler ends a request's state with `forget`. The one decision of
+whether a request speculates is made here: not while its acceptance tracker pauses it, never
+past its length, and, for a constrained request, only when the engine gave a `ProposalCheck`
+(its grammars): the proposals are then cut at the first token the grammar rejects, or after the
+one that completes it. The proposer (n-gram lookup, or a draft model) is asked once for every
+request that speculates.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
 from ..request import Request
 from .adaptive import AcceptanceTracker
 from .ngram import NgramProposer
-from .proposer import Proposer
+from .proposer import ProposalCheck, ProposalSlot, Proposer
 
 
 @dataclass
@@ -24,33 +28,52 @@ class SpeculationStats:
     num_proposed: int = 0  # proposed tokens verified
     num_accepted: int = 0  # of them, accepted
     num_verify_steps: int = 0  # request-steps that verified at least one proposal
+    num_cut_by_grammar: int = 0  # proposed tokens dropped before verification: a grammar refused them
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None):
+    """`proposer`: None for the configured n-gram lookup; a draft model's (core/spec/draft.py)
+    is built by the engine, which has the backend. `grammar`: None, constrained requests do
+    not speculate."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None,
+                 grammar: ProposalCheck | None = None):
         if config.num_speculative_tokens < 1:
             raise ValueError("a speculator needs num_speculative_tokens >= 1")
         if proposer is None:
             if config.method != "ngram":
-                raise ValueError(f"unknown speculative method {config.method!r}")
+                raise ValueError(f"speculative method {config.method!r} needs its proposer built by the engine")
             proposer = NgramProposer(config.ngram_min, config.ngram_max, config.ngram_window)
         self.config = config
         self.proposer = proposer
+        self.grammar = grammar
         self.stats = SpeculationStats()
         self._trackers: dict[str, AcceptanceTracker] = {}
 
-    def propose(self, request: Request, limit: int) -> list[int]:
-        """Up to min(k, limit) proposed tokens for a decoding request (limit: what its length
-        and the step's budget leave)."""
-        limit = min(limit, self.config.num_speculative_tokens)
-        if limit < 1 or request.sampling_params.grammar is not None:
-            return []
+    def propose(self, slots: Sequence[ProposalSlot]) -> dict[str, list[int]]:
+        """Proposed tokens of the decodes that speculate this step, by request id: up to
+        min(k, limit) each (limit: what its length and the step's budget leave)."""
+        asked = [(request, min(limit, self.config.num_speculative_tokens)) for request, limit in slots
+                 if self._speculates(request, limit)]
+        if not asked:
+            return {}
+        proposals = {}
+        for (request, _), tokens in zip(asked, self.proposer.propose(asked)):
+            if tokens and request.sampling_params.grammar is not None:
+                checked = self.grammar.check_proposals(request.request_id, tokens)
+                self.stats.num_cut_by_grammar += len(tokens) - len(checked)
+                tokens = checked
+            if tokens:
+                proposals[request.request_id] = tokens
+        return proposals
+
+    def _speculates(self, request: Request, limit: int) -> bool:
+        if limit < 1 or (request.sampling_params.grammar is not None and self.grammar is None):
+            return False
         tracker = self._trackers.get(request.request_id)
         if tracker is None:
             tracker = self._trackers[request.request_id] = AcceptanceTracker(self.config.min_acceptance)
-        if self.config.adaptive and not tracker.wants_proposals():
-            return []
-        return self.proposer.propose(request, limit)
+        return not self.config.adaptive or tracker.wants_proposals()
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         self.stats.num_proposed += num_proposed

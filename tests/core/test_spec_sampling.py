@@ -2,7 +2,8 @@
 samples from a tiny model with an 8-token vocabulary, the frequencies of each generated position
 (and of the first two tokens jointly) with --speculate agree with those without it under a
 chi-square test of homogeneity at significance 0.001 each (unseeded: the two runs draw different
-noise, so agreement is statistical, not by replay)."""
+noise, so agreement is statistical, not by replay). The proposals come from n-gram lookup, or
+from a greedy draft model (the target's weights plus noise): either is a point mass."""
 import pytest
 import torch
 
@@ -32,14 +33,22 @@ def small_vocab_model(tmp_path_factory, default_tokenizer):
         model.lm_head.weight.mul_(20.0)  # peaked enough that proposals are accepted and rejected
     path = tmp_path_factory.mktemp("tiny-vocab8")
     model.save_pretrained(path, safe_serialization=True)
-    return str(path)
+    default_tokenizer.save_pretrained(path)  # a draft model's tokenizer is checked against it
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * weight.std() * 0.5)
+    draft = tmp_path_factory.mktemp("tiny-vocab8-draft")
+    model.save_pretrained(draft, safe_serialization=True)
+    default_tokenizer.save_pretrained(draft)
+    return str(path), str(draft)
 
 
-def _samples(model_dir, speculate, params):
+def _samples(model_dir, speculate, params, draft=None):
     engine = EngineCore(EngineConfig(
         model=ModelConfig(model=model_dir), cache=CacheConfig(block_size=4, num_blocks=4096),
         scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=NUM_SAMPLES),
-        speculative=SpeculativeConfig(num_speculative_tokens=speculate, adaptive=False), backend="cpu"))
+        speculative=SpeculativeConfig(num_speculative_tokens=speculate, adaptive=False,
+                                      method="draft" if draft else "ngram", draft_model=draft), backend="cpu"))
     prompt = [1, 2, 3, 4, 2, 3, 4, 2, 3]  # repetitive: n-gram lookup proposes from the first step on
     for i in range(NUM_SAMPLES):
         engine.add_request(Request(f"s{i}", list(prompt), params))
@@ -65,9 +74,11 @@ def _homogeneous(a: list, b: list) -> float:
     SamplingParams(temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.2, max_tokens=NUM_TOKENS,
                    ignore_eos=True),
 ], ids=["plain", "top-k-top-p-penalty"])
-def test_token_frequencies_agree_with_and_without_speculation(small_vocab_model, params):
-    reference, _ = _samples(small_vocab_model, 0, params)
-    speculative, stats = _samples(small_vocab_model, 3, params)
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_token_frequencies_agree_with_and_without_speculation(small_vocab_model, params, proposer):
+    target, draft = small_vocab_model
+    reference, _ = _samples(target, 0, params)
+    speculative, stats = _samples(target, 3, params, draft if proposer == "draft" else None)
     assert all(len(s) == NUM_TOKENS for s in reference + speculative)
     assert 0 < stats.num_accepted < stats.num_proposed  # both acceptance and rejection were exercised
     for position in range(NUM_TOKENS):

@@ -13,11 +13,13 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     proposer = NgramProposer(min_n=1, max_n=3)
     request = _request([7, 1, 2, 3, 4, 5, 9, 2, 3, 8, 1, 2, 3])
     # suffix (1, 2, 3) matched at positions 1..3 (2, 3 alone matched later, at 7..8)
-    assert proposer.propose(request, 3) == [4, 5, 9]
+    assert proposer.propose([(request, 3)]) == [[4, 5, 9]]
     request.output_token_ids.append(4)
-    assert proposer.propose(request, 2) == [5, 9]  # the index grows with the new token
-    assert NgramProposer(min_n=2, max_n=3).propose(_request([5, 6, 1, 2, 7]), 2) == []
-    assert NgramProposer(1, 3, window=4).propose(_request([1, 9, 0, 0, 0, 0, 1]), 2) == []
+    assert proposer.propose([(request, 2)]) == [[5, 9]]  # the index grows with the new token
+    assert NgramProposer(min_n=2, max_n=3).propose([(_request([5, 6, 1, 2, 7]), 2)]) == [[]]
+    assert NgramProposer(1, 3, window=4).propose([(_request([1, 9, 0, 0, 0, 0, 1]), 2)]) == [[]]
+    # one call for a batch, in order
+    assert proposer.propose([(_request([3, 1, 3], "a"), 1), (_request([8, 8], "b"), 3)]) == [[1], [8]]
 
 
 def test_acceptance_is_the_common_prefix():
@@ -49,6 +51,7 @@ def test_flags_build_the_config_and_refuse_bad_values():
 
     import pytest
 
+    from switchyard.core.config import SpeculativeConfig
     from switchyard.core.params import ValidationError
     from switchyard.gateway.speculate_flags import add_speculate_flags, speculative_config
 
@@ -57,9 +60,22 @@ def test_flags_build_the_config_and_refuse_bad_values():
     config = speculative_config(parser.parse_args([]))
     assert config.num_speculative_tokens == 3 and config.method == "ngram" and config.adaptive
     assert speculative_config(parser.parse_args(["--speculate", "0"])).enabled is False
-    for argv in (["--speculative-model", "x"], ["--speculate", "-1"], ["--speculate-ngram-min", "5"]):
+    for argv in (["--speculative-model", "x", "--speculate", "0"], ["--speculate", "-1"],
+                 ["--speculate-ngram-min", "5"]):
         with pytest.raises(ValidationError):
             speculative_config(parser.parse_args(argv))
+    plain = argparse.ArgumentParser()
+    add_speculate_flags(plain, {})
+    assert speculative_config(plain.parse_args([])).enabled is False
+    draft = speculative_config(plain.parse_args(["--speculative-model", "/models/draft"]))
+    assert (draft.method, draft.draft_model, draft.num_speculative_tokens) == ("draft", "/models/draft", 4)
+    two = speculative_config(plain.parse_args(["--speculative-model", "d", "--speculate", "2"]))
+    assert two.num_speculative_tokens == 2
+    from_env = argparse.ArgumentParser()
+    add_speculate_flags(from_env, {"SPECULATIVE_MODEL": "/env/draft"})
+    assert speculative_config(from_env.parse_args([])).draft_model == "/env/draft"
+    with pytest.raises(ValueError):
+        SpeculativeConfig(num_speculative_tokens=4, method="draft")  # a draft method needs its model
 
 
 def test_a_backend_without_multi_token_decode_turns_speculation_off(caplog):
