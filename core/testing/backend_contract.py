@@ -14,7 +14,7 @@ kernel against the plain-torch reference on ragged batches (decodes first, then 
 chunks with cached prefixes; GQA; two declared block sizes; each tested dtype), write_kv
 touching exactly the slots of slot_mapping, a graph_safe kernel not reading the metadata's
 host tuples, greedy engine output (prepare_model, profile_run, make_runner and all) equal
-to the reference backend's, KV sizing, and the sharding hooks when unsharded.
+to the reference backend's, with speculative verify steps too where declared, KV sizing, and the sharding hooks when unsharded.
 Class attributes narrow or widen what runs (dtypes, block sizes, groups, tolerances).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from ..backend import AttentionSpec, Backend, Capabilities, ProbeResult
 from ..capabilities import DTYPE_NAMES
-from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..engine import EngineCore
 from ..loader import torch_dtype
 from ..params import SamplingParams
@@ -176,6 +176,27 @@ class BackendContract:
         got = _generate(engine, self.generated_tokens)
         assert got == _reference_tokens(block_size, self.generated_tokens)
 
+    def test_speculative_verify_steps_give_the_plain_greedy_tokens(self, backend):
+        """A backend that declares multi-token decode queries (Capabilities.multi_token_decode)
+        runs verify steps (a decode and the tokens proposed after it, core/spec) whose logits
+        give the tokens of plain greedy decoding: a verify here accepts one proposal and rejects
+        the next."""
+        caps = backend.capabilities()
+        if not caps.multi_token_decode:
+            pytest.skip("the backend does not declare multi-token decode queries (speculation is turned off)")
+        if "float32" not in caps.dtypes:
+            pytest.skip("greedy tokens are compared in float32, which this backend does not declare")
+        block_size = self.block_sizes(backend)[0]
+        expected = _reference_tokens(block_size, self.generated_tokens)
+        config = replace(_engine_config(block_size),
+                         speculative=SpeculativeConfig(num_speculative_tokens=3, adaptive=False))
+        engine = EngineCore(config, backend=backend)
+        speculator = engine.scheduler.speculator
+        speculator.proposer = _OracleProposer(expected)
+        assert _generate(engine, self.generated_tokens) == expected
+        assert speculator.stats.num_verify_steps > 0
+        assert 0 < speculator.stats.num_accepted < speculator.stats.num_proposed
+
     def test_num_kv_blocks_is_at_least_two(self, backend):
         assert backend.num_kv_blocks(4096, CacheConfig()) >= 2
 
@@ -187,6 +208,24 @@ class BackendContract:
         dist_backend = type(backend).dist_backend
         assert dist_backend is None or (isinstance(dist_backend, str) and dist_backend)
         assert (backend.shard_launcher() is None) == (dist_backend is None)
+
+
+class _OracleProposer:
+    """Proposes the next token of the expected greedy output, then a wrong one."""
+
+    def __init__(self, expected: dict[str, list[int]]):
+        self.expected = expected
+
+    def propose(self, slots):
+        proposals = []
+        for request, most in slots:
+            expected, done = self.expected[request.request_id], len(request.output_token_ids)
+            wrong = (expected[done + 1] + 1) % 64 if done + 1 < len(expected) else 0
+            proposals.append((expected[done:done + 1] + [wrong])[:most])
+        return proposals
+
+    def forget(self, request_id: str) -> None:
+        pass
 
 
 def _in_backend_cache(backend: Backend, step: AttentionStep) -> AttentionStep:
