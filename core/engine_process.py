@@ -198,14 +198,19 @@ def _read_start_args(fd: int) -> _StartArgs:
 
 
 def _check_model(channel: PipeChannel, config: EngineConfig) -> bool:
-    """An unknown or unsupported model, or a backend that cannot serve the configuration
-    (its declared dtypes and block sizes), is a user error before the server starts serving."""
+    """An unknown or unsupported model, a backend that cannot serve the configuration (its
+    declared dtypes and block sizes) or a draft model without the model's tokenizer is a user
+    error before the server starts serving."""
     from .loader import choose_model
     from .plugins import check_backend
 
     try:
         check_backend(config)
         description = choose_model(config.model)[2].describe()
+        if config.speculative.method == "draft" and config.speculative.enabled:
+            from .spec.draft import check_draft_model
+
+            check_draft_model(config)  # a draft without the model's tokenizer
     except Exception as exc:  # noqa: BLE001 - the gateway raises it: a one-line error, exit 2
         channel.send(StartupFailed(portable(exc)))
         return False

@@ -62,7 +62,8 @@ class LLM:
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
                  parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None):
         """`chat_template`: a Jinja file's path or template text, for a model without one.
-        `speculative`: speculative decoding (core/spec), e.g. SpeculativeConfig(num_speculative_tokens=4)."""
+        `speculative`: speculative decoding (core/spec), e.g. SpeculativeConfig(num_speculative_tokens=4), or
+        with a draft model SpeculativeConfig(num_speculative_tokens=4, method="draft", draft_model=PATH)."""
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, quantize=quantize, load_format=load_format, seed=seed,
                               max_model_len=max_model_len, chat_template=chat_template, model_impl=model_impl,

@@ -30,6 +30,7 @@ import torch
 
 from ..backend import Backend
 from ..config import EngineConfig, ParallelConfig
+from ..errors import ValidationError
 from ..kv import BlockPool, KVCacheManager
 from ..loader import LoadedModel, choose_model, load_model, load_tokenizer
 from ..request import Request
@@ -40,8 +41,9 @@ from .proposer import ProposalSlot
 logger = logging.getLogger(__name__)
 
 
-class DraftModelError(ValueError):
-    """The draft model cannot serve this target (one line: it names both and the mismatch)."""
+class DraftModelError(ValidationError):
+    """The draft model cannot serve this target (one line: it names both and the mismatch); a
+    configuration error, so `serve` exits 2 with it."""
 
 
 def check_draft_model(config: EngineConfig, tokenizer=None) -> None:

@@ -103,3 +103,19 @@ def test_json_under_a_schema_is_the_same_with_ngram_and_draft_proposals(engines)
         assert stats.num_accepted > 0 and stats.num_cut_by_grammar > 0, (name, stats)
         assert not engines[name].engine.constrained
         print(f"{name}: {stats}")
+
+
+def test_serve_refuses_a_draft_without_the_models_tokenizer_in_one_line(tmp_path, default_tokenizer):
+    """Checked with the model, before the server reports it (exit 2, as any configuration error)."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "core"))
+    from spec_helpers import save_tiny_llama
+
+    draft = save_tiny_llama(tmp_path / "draft", default_tokenizer)  # 96 tokens, not the model's 49152
+    result = subprocess.run([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", "0",
+                             "--speculative-model", draft, "--max-batch-total-tokens", "2048"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "--speculative-model" in result.stderr and "vocabulary has 96 tokens" in result.stderr
