@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
@@ -21,7 +20,7 @@ from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .kv.sizing import KVCacheSize
-from .spec import num_accepted
+from .spec.verify import VerifyPlan, rewind
 from .spec.build import build_speculator
 from .spec.draft import check_draft_model
 from .shard_worker import ShardSet, build_shard_model, kv_bytes_per_block, num_kv_blocks_for  # noqa: F401 - re-export
@@ -143,6 +142,12 @@ class EngineCore:
         if not request_ids:
             self.scheduler.update(scheduler_output, {})
             return failed
+        return failed + self._sample_and_update(scheduler_output, logits, request_ids)
+
+    def _sample_and_update(self, scheduler_output: SchedulerOutput, logits: torch.Tensor,
+                           request_ids: tuple[str, ...]) -> list[EngineCoreOutput]:
+        """Sample every row (a verifying request's k + 1 positions, core/spec/verify.py), keep
+        each request's accepted run, advance grammars and the scheduler; the step's outputs."""
         requests = [self.scheduler.get_request(rid) for rid in request_ids]
         plan = VerifyPlan.of(scheduler_output, request_ids)
         grammar_mask = self.constrained.mask(plan.row_request_ids, plan.drafts_by_request)  # before the rows' bans
@@ -153,7 +158,7 @@ class EngineCore:
         rejected = self._advance_grammars(token_ids) if grammar_mask is not None else ()
         self.last_num_accepted = sum(len(t) - 1 for t in token_ids.values())
         for rid, state in rewinds.items():
-            _rewind(self._generators[rid], state, len(token_ids[rid]), logits.shape[-1])
+            rewind(self._generators[rid], state, len(token_ids[rid]), logits.shape[-1])
         num_before = [len(r.output_token_ids) for r in requests]
         finished = self.scheduler.update(scheduler_output, token_ids)
         reasons = {r.request_id: r.finish_reason for r in finished}
@@ -163,13 +168,12 @@ class EngineCore:
         for rid in reasons:
             self._generators.pop(rid, None)
             self.constrained.remove(rid)
-        failed += [self._fail(rid, GrammarError("the grammar rejected the sampled token (internal error)"))
-                   for rid in rejected]
+        failed = [self._fail(rid, GrammarError("the grammar rejected the sampled token (internal error)"))
+                  for rid in rejected]
         outputs = []
         for i, (rid, request) in enumerate(zip(request_ids, requests)):
             # the tokens the scheduler appended: a stop inside an accepted run ends it there
-            count = len(request.output_token_ids) - num_before[i]
-            first = plan.starts[i]
+            count, first = len(request.output_token_ids) - num_before[i], plan.starts[i]
             outputs.append(EngineCoreOutput(
                 rid, tuple(token_ids[rid][:count]), reasons.get(rid),
                 tuple(sampled.logprobs[first:first + count]) if sampled.logprobs else None,
@@ -269,45 +273,3 @@ class EngineCore:
             banned = self.constrained.feasible_bans(request.request_id, banned, position)
         return SampleRow(request.request_id, params, self._generators.get(request.request_id),
                          request.prompt_token_ids, output_token_ids, banned)
-
-
-@dataclass(frozen=True)
-class VerifyPlan:
-    """How one step's sampled rows map to its requests: a request that verifies k proposed
-    tokens has k + 1 consecutive rows (core/spec/acceptance.py), any other one row."""
-
-    request_ids: tuple[str, ...]
-    drafts: tuple[tuple[int, ...], ...]  # each request's proposed tokens (() for most)
-    starts: tuple[int, ...]  # each request's first row
-    row_request_ids: tuple[str, ...]  # the request of each row
-
-    @classmethod
-    def of(cls, scheduler_output: SchedulerOutput, request_ids: tuple[str, ...]) -> VerifyPlan:
-        by_id = {s.request_id: s for s in scheduler_output.scheduled if s.num_draft_tokens}
-        drafts = tuple(by_id[rid].draft_token_ids if rid in by_id else () for rid in request_ids)
-        starts, row_ids, row = [], [], 0
-        for rid, draft in zip(request_ids, drafts):
-            starts.append(row)
-            row_ids.extend([rid] * (len(draft) + 1))
-            row += len(draft) + 1
-        return cls(tuple(request_ids), drafts, tuple(starts), tuple(row_ids))
-
-    @property
-    def drafts_by_request(self) -> dict[str, tuple[int, ...]]:
-        """The proposed tokens of each request that verifies some."""
-        return {rid: drafts for rid, drafts in zip(self.request_ids, self.drafts) if drafts}
-
-    def accepted(self, index: int, sampled: list[int]) -> list[int]:
-        """The tokens request `index` produces: its accepted proposals and the sample after them."""
-        drafts, first = self.drafts[index], self.starts[index]
-        targets = sampled[first:first + len(drafts) + 1]
-        return targets[:num_accepted(drafts, targets) + 1]
-
-
-def _rewind(generator: torch.Generator, state: torch.Tensor, num_draws: int, vocab_size: int) -> None:
-    """Put `generator` where it would be after `num_draws` rows of sampling noise from `state`
-    (core/sampling.py draws one vocabulary-wide row of exponentials per sampled position)."""
-    generator.set_state(state)
-    noise = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
-    for _ in range(num_draws):
-        noise.exponential_(generator=generator)
