@@ -181,8 +181,11 @@ class SpeculativeConfig:
       cache directory and model code choice) and run greedily beside it with its own paged KV
       cache of `draft_num_blocks` blocks (None: as many as the target's, the same tokens).
 
-    A request whose acceptance rate stays below `min_acceptance` over its last proposals stops
-    proposing for a while (core/spec/adaptive.py), so traffic the proposals miss is not slowed."""
+    With `adaptive` (the default), each request proposes up to k tokens, as many as pay for the
+    rows they add at the step's batch size, from its measured acceptance and the row cost the
+    engine's steps measure (core/spec/adaptive.py), so traffic the proposals miss, and batches
+    where rows are dear, run as without speculation; a request whose per-token acceptance is
+    below `min_acceptance` never proposes. Without `adaptive`, every decode proposes k."""
 
     # --speculate N alone is n-gram lookup; --speculative-model without --speculate verifies this many
     DEFAULT_DRAFT_TOKENS: ClassVar[int] = 4
@@ -193,7 +196,7 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     ngram_window: int = 0
-    min_acceptance: float = 0.3
+    min_acceptance: float = 0.0
     adaptive: bool = True
     draft_model: str | None = None  # method "draft": --speculative-model
     draft_num_blocks: int | None = None

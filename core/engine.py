@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from .backend import Backend
 from .capabilities import check_capabilities
 from .config import EngineConfig
+from .decode_batch import decode_rows_only
 from .engine_messages import EngineInfo  # torch-free: it crosses to the gateway
 from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
@@ -136,7 +138,11 @@ class EngineCore:
             if self._awaiting_grammar and not failed:
                 wait([f for _, f in self._awaiting_grammar.values()], timeout=0.05, return_when=FIRST_COMPLETED)
             return failed
+        started = time.perf_counter()
         logits, request_ids = self.shards.execute(self.runner, scheduler_output)
+        speculator = self.scheduler.speculator
+        if speculator is not None and decode_rows_only(scheduler_output):  # what a row costs (core/spec/cost.py)
+            speculator.observe_step(scheduler_output.num_batched_tokens, time.perf_counter() - started)
         if self.runner.last_prompt_logits:
             self._score_prompt_chunks(scheduler_output)
         if not request_ids:

@@ -36,8 +36,9 @@ def add_speculate_flags(parser: argparse.ArgumentParser, environ: Mapping[str, s
                         help="look n-grams up in only the last this many tokens (default 0: all of them) "
                         "[env: SPECULATE_NGRAM_WINDOW]")
     parser.add_argument("--speculate-min-acceptance", type=float, default=defaults.min_acceptance,
-                        help="a request whose acceptance rate stays below this stops proposing for a while "
-                        "(0 = never)")
+                        help="a request whose measured per-token acceptance is below this does not propose (default "
+                        f"{defaults.min_acceptance}: above it, each request proposes as many tokens as pay for their "
+                        "rows at the step's batch size)")
 
 
 def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
@@ -63,5 +64,4 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
     return SpeculativeConfig(num_speculative_tokens=speculate, method="draft" if draft is not None else "ngram",
                              draft_model=draft, ngram_min=args.speculate_ngram_min,
                              ngram_max=args.speculate_ngram_max, ngram_window=args.speculate_ngram_window,
-                             min_acceptance=args.speculate_min_acceptance,
-                             adaptive=args.speculate_min_acceptance > 0)
+                             min_acceptance=args.speculate_min_acceptance)

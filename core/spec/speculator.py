@@ -3,11 +3,13 @@
 The scheduler asks `propose(slots)` once per step for all the decodes it may schedule (each
 with the most tokens its length and the step's budget leave) and reports each verified step's
 outcome with `record`; the scheduler ends a request's state with `forget`. The one decision of
-whether a request speculates is made here: not while its acceptance tracker pauses it, never
-past its length, and, for a constrained request, only when the engine gave a `ProposalCheck`
-(its grammars): the proposals are then cut at the first token the grammar rejects, or after the
-one that completes it. The proposer (n-gram lookup, or a draft model) is asked once for every
-request that speculates.
+whether and how much a request speculates is made here: as many tokens as pay for their rows
+at this step's size (adaptive.py, from its measured acceptance and what a row costs, which
+the engine's decode steps teach `cost`: core/spec/cost.py; all k of them with adaptive off),
+never past its length, and, for a constrained request, only when the engine gave a
+`ProposalCheck` (its grammars): the proposals are then cut at the first token the grammar
+rejects, or after the one that completes it. The proposer (n-gram lookup, or a draft model) is
+asked once for every request that speculates.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
 from ..request import Request
-from .adaptive import AcceptanceTracker
+from .adaptive import AcceptanceTracker, SharedAcceptance, proposal_lengths
+from .cost import StepCost
 from .ngram import NgramProposer
 from .proposer import ProposalCheck, ProposalSlot, Proposer
 
@@ -48,17 +51,28 @@ class Speculator:
         self.proposer = proposer
         self.grammar = grammar
         self.stats = SpeculationStats()
+        self.cost = StepCost()  # fed by the engine's decode steps (observe_step)
+        self.shared = SharedAcceptance()
         self._trackers: dict[str, AcceptanceTracker] = {}
 
     def propose(self, slots: Sequence[ProposalSlot]) -> dict[str, list[int]]:
         """Proposed tokens of the decodes that speculate this step, by request id: up to
-        min(k, limit) each (limit: what its length and the step's budget leave)."""
-        asked = [(request, min(limit, self.config.num_speculative_tokens)) for request, limit in slots
-                 if self._speculates(request, limit)]
-        if not asked:
+        min(k, limit) each (limit: what its length and the step's budget leave), as many as
+        pay for their rows at this step's size (all decodes: `slots`)."""
+        allowed = [(request, min(limit, self.config.num_speculative_tokens)) for request, limit in slots
+                   if limit >= 1 and (request.sampling_params.grammar is None or self.grammar is not None)]
+        trackers = [self._tracker(request) for request, _ in allowed]
+        if self.config.adaptive:
+            lengths = proposal_lengths([t.rate for t in trackers], [most for _, most in allowed], len(slots),
+                                       self.cost.row_cost, self.config.min_acceptance)
+            for tracker, length in zip(trackers, lengths):
+                if not length:
+                    tracker.idle()
+            allowed = [(request, length) for (request, _), length in zip(allowed, lengths) if length]
+        if not allowed:
             return {}
         proposals = {}
-        for (request, _), tokens in zip(asked, self.proposer.propose(asked)):
+        for (request, _), tokens in zip(allowed, self.proposer.propose(allowed)):
             if tokens and request.sampling_params.grammar is not None:
                 checked = self.grammar.check_proposals(request.request_id, tokens)
                 self.stats.num_cut_by_grammar += len(tokens) - len(checked)
@@ -67,13 +81,15 @@ class Speculator:
                 proposals[request.request_id] = tokens
         return proposals
 
-    def _speculates(self, request: Request, limit: int) -> bool:
-        if limit < 1 or (request.sampling_params.grammar is not None and self.grammar is None):
-            return False
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step's query rows and forward time (the engine's): what a row costs."""
+        self.cost.observe(rows, seconds)
+
+    def _tracker(self, request: Request) -> AcceptanceTracker:
         tracker = self._trackers.get(request.request_id)
         if tracker is None:
-            tracker = self._trackers[request.request_id] = AcceptanceTracker(self.config.min_acceptance)
-        return not self.config.adaptive or tracker.wants_proposals()
+            tracker = self._trackers[request.request_id] = AcceptanceTracker(self.shared)
+        return tracker
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         self.stats.num_proposed += num_proposed

@@ -92,3 +92,49 @@ def test_a_backend_without_multi_token_decode_turns_speculation_off(caplog):
     assert "speculative decoding off" in caplog.text
     kept = check_capabilities("x", replace(caps, multi_token_decode=True), config)
     assert kept.speculative.num_speculative_tokens == 4
+
+
+# -- adaptive sizing (core/spec/adaptive.py, core/spec/cost.py) --------------------------------------
+def test_proposals_pay_for_their_rows_at_the_steps_size():
+    from switchyard.core.spec.adaptive import proposal_lengths
+
+    # one request that copies (0.9 a position) on a CPU-like row cost: several proposals
+    assert proposal_lengths([0.9], [5], num_decodes=1, row_cost=0.15) == [5]
+    # a batch of 32 at 0.7: a row costs more than it brings, nobody proposes; at 0.9 one each
+    assert proposal_lengths([0.7] * 32, [5] * 32, num_decodes=32, row_cost=0.15) == [0] * 32
+    assert proposal_lengths([0.9] * 32, [5] * 32, num_decodes=32, row_cost=0.15) == [1] * 32
+    # chat-like acceptance at a batch of 8: not worth a row
+    assert proposal_lengths([0.45] * 8, [5] * 8, num_decodes=8, row_cost=0.15) == [0] * 8
+    # rows almost free (a GPU): everyone proposes everything it may
+    assert proposal_lengths([0.5, 0.8], [3, 4], num_decodes=2, row_cost=0.001) == [3, 4]
+    # the better-accepted request gets the rows first; the floor rules a request out
+    one, two = proposal_lengths([0.95, 0.3], [5, 5], num_decodes=2, row_cost=0.15)
+    assert one > two
+    assert proposal_lengths([0.95, 0.3], [5, 5], num_decodes=2, row_cost=0.15, floor=0.5)[1] == 0
+
+
+def test_the_row_cost_is_fitted_from_decode_steps():
+    from switchyard.core.spec.cost import StepCost
+
+    cost = StepCost(prior=0.1)
+    for _ in range(10):
+        cost.observe(1, 0.0085)
+    assert cost.row_cost == 0.1  # one row count only: nothing to fit yet
+    for rows in (1, 2, 4, 6, 8) * 10:
+        cost.observe(rows, 0.0073 + 0.0012 * rows)
+    assert abs(cost.row_cost - 0.0012 / 0.0073) < 1e-6
+
+
+def test_acceptance_is_estimated_per_position_around_the_shared_rate():
+    from switchyard.core.spec.adaptive import AcceptanceTracker, SharedAcceptance
+
+    shared = SharedAcceptance()
+    copying, novel = AcceptanceTracker(shared), AcceptanceTracker(shared)
+    start = copying.rate
+    for _ in range(6):
+        copying.record(5, 5)
+        novel.record(5, 0)
+    assert copying.rate > 0.9 > start > novel.rate
+    for _ in range(100):
+        novel.idle()
+    assert abs(novel.rate - shared.rate) < 0.05  # not proposing, it drifts back to the shared rate
