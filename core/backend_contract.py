@@ -53,6 +53,10 @@ class Capabilities:
     # speculative proposals, core/spec), with logits at each: attention over the existing KV
     # context as for a prompt chunk. Speculative decoding is turned off (one logged line) where not.
     multi_token_decode: bool = False
+    # About what one more query row costs a decode step, relative to the step's fixed time: the
+    # speculator's starting point before it has measured this machine (core/spec/cost.py). Small
+    # on accelerators at small batches; a CPU's rows are dear (its arithmetic is the bottleneck).
+    decode_row_cost: float = 0.02
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
 
     def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
         failed = self._queue_compiled() if self._awaiting_grammar else []
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
@@ -138,17 +139,17 @@ class EngineCore:
             if self._awaiting_grammar and not failed:
                 wait([f for _, f in self._awaiting_grammar.values()], timeout=0.05, return_when=FIRST_COMPLETED)
             return failed
-        started = time.perf_counter()
         logits, request_ids = self.shards.execute(self.runner, scheduler_output)
-        speculator = self.scheduler.speculator
-        if speculator is not None and decode_rows_only(scheduler_output):  # what a row costs (core/spec/cost.py)
-            speculator.observe_step(scheduler_output.num_batched_tokens, time.perf_counter() - started)
         if self.runner.last_prompt_logits:
             self._score_prompt_chunks(scheduler_output)
         if not request_ids:
             self.scheduler.update(scheduler_output, {})
             return failed
-        return failed + self._sample_and_update(scheduler_output, logits, request_ids)
+        outputs = self._sample_and_update(scheduler_output, logits, request_ids)
+        speculator = self.scheduler.speculator
+        if speculator is not None and decode_rows_only(scheduler_output):  # what a row costs (core/spec/cost.py)
+            speculator.observe_step(scheduler_output.num_batched_tokens, time.perf_counter() - started)
+        return failed + outputs
 
     def _sample_and_update(self, scheduler_output: SchedulerOutput, logits: torch.Tensor,
                            request_ids: tuple[str, ...]) -> list[EngineCoreOutput]:

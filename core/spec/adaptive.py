@@ -10,7 +10,7 @@ speculator's estimate over all requests, which is where a new request starts.
 One more row in a step costs `row_cost` (core/spec/cost.py: one row's time over the step's
 fixed time). A step of `rows` rows yielding `tokens` tokens costs 1 + row_cost * rows, so a
 proposal of expected value v raises the step's tokens per second exactly when
-v > row_cost * tokens / (1 + row_cost * rows). `proposal_lengths` adds proposals in order of
+v > row_cost * tokens / (1 + row_cost * rows); it is made when v beats that by 10%. `proposal_lengths` adds proposals in order of
 value while that holds, starting from the step's decodes (one row and one token each): at one
 request on a CPU a well-accepted request proposes several tokens; as the batch grows the bar
 rises, and at batches where a row costs as much as it brings, nobody proposes and the step is
@@ -27,6 +27,9 @@ _FORGET = 0.8  # weight kept by a request's older outcomes at each verify step
 _IDLE_FORGET = 0.95  # ... at each step it does not propose in (towards the shared estimate)
 _SHARED_FORGET = 0.995  # the shared estimate's forgetting, per verify step of any request
 _INITIAL = 0.6  # the shared estimate before any verify step
+# A proposal must beat its rows' cost by this much: what the line leaves out (a request's
+# acceptance is bursty, not geometric; rows' costs outside the step) falls on the side of fewer rows.
+_MARGIN = 1.1
 
 
 class SharedAcceptance:
@@ -81,7 +84,7 @@ def proposal_lengths(rates: Sequence[float], limits: Sequence[int], num_decodes:
                          if rate >= floor and rate > 0 for j in range(1, limit + 1)), reverse=True)
     rows = tokens = float(num_decodes)
     for value, i in candidates:  # a request's values fall with j, so each takes its proposals in order
-        if value <= row_cost * tokens / (1 + row_cost * rows):
+        if value <= _MARGIN * row_cost * tokens / (1 + row_cost * rows):
             break
         lengths[i] += 1
         rows += 1

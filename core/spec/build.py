@@ -21,4 +21,4 @@ def build_speculator(config: EngineConfig, backend: Backend, target: LoadedModel
         from .draft import DraftModelProposer
 
         proposer = DraftModelProposer.load(config, backend, target, target_num_blocks)
-    return Speculator(spec, proposer, grammar)
+    return Speculator(spec, proposer, grammar, row_cost=backend.capabilities().decode_row_cost)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..config import SpeculativeConfig
 from ..request import Request
 from .adaptive import AcceptanceTracker, SharedAcceptance, proposal_lengths
-from .cost import StepCost
+from .cost import DEFAULT_ROW_COST, StepCost
 from .ngram import NgramProposer
 from .proposer import ProposalCheck, ProposalSlot, Proposer
 
@@ -40,7 +40,7 @@ class Speculator:
     not speculate."""
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None,
-                 grammar: ProposalCheck | None = None):
+                 grammar: ProposalCheck | None = None, row_cost: float = DEFAULT_ROW_COST):
         if config.num_speculative_tokens < 1:
             raise ValueError("a speculator needs num_speculative_tokens >= 1")
         if proposer is None:
@@ -51,7 +51,7 @@ class Speculator:
         self.proposer = proposer
         self.grammar = grammar
         self.stats = SpeculationStats()
-        self.cost = StepCost()  # fed by the engine's decode steps (observe_step)
+        self.cost = StepCost(row_cost)  # from the backend's declared row cost; fed by the engine's steps
         self.shared = SharedAcceptance()
         self._trackers: dict[str, AcceptanceTracker] = {}
 
@@ -82,7 +82,7 @@ class Speculator:
         return proposals
 
     def observe_step(self, rows: int, seconds: float) -> None:
-        """A decode-only step's query rows and forward time (the engine's): what a row costs."""
+        """A decode-only step's query rows and time (the engine's whole step): what a row costs."""
         self.cost.observe(rows, seconds)
 
     def _tracker(self, request: Request) -> AcceptanceTracker:

@@ -100,9 +100,10 @@ def test_proposals_pay_for_their_rows_at_the_steps_size():
 
     # one request that copies (0.9 a position) on a CPU-like row cost: several proposals
     assert proposal_lengths([0.9], [5], num_decodes=1, row_cost=0.15) == [5]
-    # a batch of 32 at 0.7: a row costs more than it brings, nobody proposes; at 0.9 one each
-    assert proposal_lengths([0.7] * 32, [5] * 32, num_decodes=32, row_cost=0.15) == [0] * 32
-    assert proposal_lengths([0.9] * 32, [5] * 32, num_decodes=32, row_cost=0.15) == [1] * 32
+    # a batch of 32 at 0.9: a row costs about what it brings, nobody proposes; at 0.97 some do,
+    # one token each, until the rows they add raise the bar above 0.97
+    assert proposal_lengths([0.9] * 32, [5] * 32, num_decodes=32, row_cost=0.15) == [0] * 32
+    assert 0 < sum(proposal_lengths([0.97] * 32, [5] * 32, num_decodes=32, row_cost=0.15)) < 32
     # chat-like acceptance at a batch of 8: not worth a row
     assert proposal_lengths([0.45] * 8, [5] * 8, num_decodes=8, row_cost=0.15) == [0] * 8
     # rows almost free (a GPU): everyone proposes everything it may
