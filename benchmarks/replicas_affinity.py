@@ -9,7 +9,8 @@ affinity: for each routing (cache-aware, round-robin), `switchyard serve --data-
 the server's /metrics (hit tokens / looked-up tokens of these requests).
 models: two models behind one gateway (`--models`): the first's inter-token latency p99 while it
 streams alone, then while the second (cold) loads and answers a request, and that cold first
-request's latency. Each server is capped with --max-batch-total-tokens 4096 per engine."""
+request's latency. Each engine's KV cache is capped (--max-batch-total-tokens): 4096 tokens, and
+for the affinity runs --kv-tokens (6144: a replica's half of the prompts fits, all 8 do not)."""
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
+def _serve(*flags: str, kv_tokens: int = 4096) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1",
-                             "--port", str(port), "--max-batch-total-tokens", "4096", *flags],
+                             "--port", str(port), "--max-batch-total-tokens", str(kv_tokens), *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -77,9 +78,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def affinity(args: argparse.Namespace) -> None:
     print(f"2 replicas x 1 core, {args.requests} requests over 8 system prompts of ~1,000 tokens, "
-          f"c={args.concurrency}, {args.output_len} output tokens (machine: {os.cpu_count()} CPUs)")
+          f"c={args.concurrency}, {args.output_len} output tokens, {args.kv_tokens} KV tokens a replica "
+          f"(machine: {os.cpu_count()} CPUs)")
     for routing in args.routings:
-        proc, url = _serve("--data-parallel-size", "2", "--data-parallel-routing", routing)
+        proc, url = _serve("--data-parallel-size", "2", "--data-parallel-routing", routing, kv_tokens=args.kv_tokens)
         try:
             _wait(proc, url, replicas=2)
             before = _metrics(url)
@@ -151,6 +153,9 @@ def main() -> None:
     a.add_argument("--concurrency", type=int, default=8)
     a.add_argument("--output-len", type=int, default=8)
     a.add_argument("--routings", nargs="+", default=["cache-aware", "round-robin"])
+    a.add_argument("--kv-tokens", type=int, default=6144,
+                   help="KV cache per replica: room for its half of the system prompts (4 x ~1,030 tokens and "
+                   "the requests in flight), not for all 8, as a replica's cache is where traffic is spread")
     m = sub.add_parser("models")
     m.add_argument("--stream-len", type=int, default=256)
     args = parser.parse_args()

@@ -258,3 +258,7 @@ class EngineConfig:
     # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,
     # threads bound to cores), "plain" as it was launched (--runtime).
     runtime: str = "tuned"
+    # The engine process loads and warms up at the lowest CPU priority (SCHED_IDLE), then serves at
+    # the normal one: a model loaded on demand (gateway/models_registry.py) does not take the cores
+    # of a model that is streaming beside it (core/engine_priority.py).
+    start_in_background: bool = False

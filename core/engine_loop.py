@@ -32,10 +32,12 @@ HEALTH_INTERVAL_S = 0.5
 
 
 def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, object]],
-                 warm_up: bool = True, tracing: TracingConfig | None = None) -> None:
+                 warm_up: bool = True, tracing: TracingConfig | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
     """Build the engine (`engine_factory() -> (EngineCore, tokenizer)`), warm it up, say
     `Ready` (or `StartupFailed`), then run the loop until `Stop` or the owner goes away.
-    With `tracing` on, the loop exports the engine's spans (core/tracing.py)."""
+    With `tracing` on, the loop exports the engine's spans (core/tracing.py). `on_ready` runs
+    once warmed up, before `Ready` is said."""
     try:
         engine, tokenizer = engine_factory()
     except BackendError as exc:  # the configuration does not fit this backend (e.g. its KV cache): one line
@@ -57,6 +59,8 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
     try:
         if warm_up:
             loop.warm_up()
+        if on_ready is not None:
+            on_ready()  # e.g. back to the normal CPU priority (core/engine_priority.py)
         channel.send(Ready(engine.info, tokenizer, loop.load()))
     except BaseException as exc:  # noqa: BLE001
         logger.exception("engine warm-up failed")

@@ -37,6 +37,7 @@ from .client import ChannelEngineClient
 from .config import EngineConfig, default_cache_root
 from .engine_channel import Channel, PipeChannel
 from .engine_environment import EnvironmentPrediction, missing_from_process
+from .engine_priority import serve_in_foreground, start_in_background
 from .engine_messages import ModelChecked, StartupFailed, StepStats, portable
 
 logger = logging.getLogger(__name__)
@@ -119,11 +120,14 @@ def main(argv: list[str]) -> None:
             args.log_setup()
         if args.config.parallel.cpus is not None and not restarted:  # kept by the re-exec below
             os.sched_setaffinity(0, args.config.parallel.cpus)
+        if args.config.start_in_background and not restarted:  # kept by the re-exec below, as the affinity
+            start_in_background()
         _settle_environment(args, pipe_fd, argv[4:6] if restarted else None)
         from .engine_loop import serve_engine
 
         if _check_model(channel, args.config):
-            serve_engine(channel, lambda: build_engine(args.config), args.warm_up, args.config.tracing)
+            serve_engine(channel, lambda: build_engine(args.config), args.warm_up, args.config.tracing,
+                         on_ready=serve_in_foreground if args.config.start_in_background else None)
     except EOFError:
         pass  # the gateway went away before we started
     finally:

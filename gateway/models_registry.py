@@ -154,7 +154,8 @@ class ModelRegistry:
         from .service import GenerationService
 
         logger.info("loading model %s", entry.spec.name)
-        client = self._make(entry.spec)
+        # loaded at idle CPU priority, so the models serving beside it keep their pace (core/engine_priority.py)
+        client = self._make(replace(entry.spec, config=replace(entry.spec.config, start_in_background=True)))
         service = GenerationService(client, replace(self._settings, model_id=entry.spec.name,
                                                     served_model_names=()), self._metrics)
         client.on_step = lambda stats: self._metrics.observe_step(stats, client.info.block_size)

@@ -1,9 +1,13 @@
 """The shared-prefix workload of `switchyard bench serve --workload shared-prefix`: requests over
 8 distinct system prompts of about 1,000 tokens each (a product's handbook, one per team), each
 with its own short question, the case prefix-affinity routing between replicas is for
-(deployment.md, "Replicas"). Built from fixed templates: every run sees the same bytes, and
-request i uses system prompt i mod 8, so consecutive requests never share one."""
+(deployment.md, "Replicas"). Built from fixed templates: every run sees the same bytes. Request
+i's system prompt is drawn from a fixed pseudo-random sequence (a real load's teams do not
+take turns: with prompts in turn, round-robin over 2 replicas would send each prompt to one
+replica, as prefix affinity does, by accident)."""
 from __future__ import annotations
+
+import random
 
 NUM_SYSTEM_PROMPTS = 8
 _TEAMS = ("billing", "shipping", "returns", "accounts", "warehouse", "security", "catalogue", "support")
@@ -25,12 +29,17 @@ def system_prompt(k: int, sentences: int = 26) -> str:
     return " ".join(lines)
 
 
+def prompt_of(index: int) -> int:
+    """The system prompt of request `index` (the same in every run)."""
+    return random.Random(index).randrange(NUM_SYSTEM_PROMPTS)
+
+
 def shared_prefix_body(model: str, index: int, output_len: int) -> dict:
-    """Request `index`: system prompt index mod 8, a question of its own, a forced output length."""
+    """Request `index`: system prompt prompt_of(index), a question of its own, a forced output length."""
     question = _QUESTIONS[(index // NUM_SYSTEM_PROMPTS) % len(_QUESTIONS)]
     return {
         "model": model,
-        "messages": [{"role": "system", "content": system_prompt(index % NUM_SYSTEM_PROMPTS)},
+        "messages": [{"role": "system", "content": system_prompt(prompt_of(index))},
                      {"role": "user", "content": f"(ticket {index}) {question}"}],
         "max_tokens": output_len, "min_tokens": output_len, "ignore_eos": True, "temperature": 0.0,
         "stream": True, "stream_options": {"include_usage": True},
