@@ -3,57 +3,16 @@ backend: the tokens (greedy, and seeded sampling, which is rewound to the draws 
 those of the same engine without speculation, through mixed batches, preemption, prefix caching,
 stops, penalties, logprobs and abort, and no KV block leaks."""
 import pytest
-import torch
 
-from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from switchyard.core.engine import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import FinishReason, Request
+from switchyard.core.request import FinishReason
+
+from spec_helpers import free_blocks as _free_blocks, make_engine, run, save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, default_tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=95, bos_token_id=1)
-    path = tmp_path_factory.mktemp("tiny-llama-spec")
-    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    default_tokenizer.save_pretrained(path)
-    return str(path)
-
-
-def make_engine(model_dir, speculate=0, num_blocks=128, block_size=4, budget=2048, prefix_caching=True,
-                adaptive=False):
-    return EngineCore(EngineConfig(
-        model=ModelConfig(model=model_dir),
-        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching),
-        scheduler=SchedulerConfig(max_num_batched_tokens=budget),
-        speculative=SpeculativeConfig(num_speculative_tokens=speculate, adaptive=adaptive), backend="cpu"))
-
-
-def run(engine, prompts, params, abort_after=None):
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_request(Request(f"r{i}", list(prompt), p))
-    outputs = {f"r{i}": [] for i in range(len(prompts))}
-    logprobs = {f"r{i}": [] for i in range(len(prompts))}
-    reasons = {}
-    steps = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.request_id].extend(out.new_token_ids)
-            if out.logprobs is not None:
-                assert len(out.logprobs) == len(out.new_token_ids)
-                logprobs[out.request_id].extend(out.logprobs)
-            if out.finish_reason is not None:
-                reasons[out.request_id] = out.finish_reason
-        steps += 1
-        if abort_after and steps == abort_after[1]:
-            engine.finish_request(abort_after[0], FinishReason.ABORT)
-    return outputs, logprobs, reasons, steps
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-spec"), default_tokenizer)
 
 
 # Repetitive prompts (the tiny model's greedy continuations also fall into loops), so n-gram
@@ -61,11 +20,6 @@ def run(engine, prompts, params, abort_after=None):
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5, 9], [1, 7, 3], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6],
            [1] + [40, 41, 42, 43, 44] * 6, [1, 80, 81, 82, 80, 81, 82, 80]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-
-
-def _free_blocks(engine):
-    manager = engine.scheduler.kv_cache_manager
-    return manager.num_free_blocks
 
 
 def test_greedy_tokens_equal_without_speculation_and_proposals_are_accepted(tiny_model_dir):
