@@ -5,7 +5,6 @@ stops, penalties, logprobs and abort, and no KV block leaks."""
 import pytest
 
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import FinishReason
 
 from spec_helpers import free_blocks as _free_blocks, make_engine, run, save_tiny_llama
 
