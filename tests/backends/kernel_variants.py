@@ -9,7 +9,8 @@ import torch
 from switchyard.backends.cpu.extension import CFLAGS, LDFLAGS, _cpu_flags
 
 # variant -> extra compiler flags (after -march=native, so they take features away)
-VARIANTS = {"portable": ("-DSY_BLOCK_PORTABLE", "-mno-avx512f", "-mno-avx2"), "avx2": ("-mno-avx512f",)}
+VARIANTS = {"portable": ("-DSY_BLOCK_PORTABLE", "-mno-avx512f", "-mno-avx2"), "avx2": ("-mno-avx512f",),
+            "avx512-vnni": ("-mno-amx-tile",)}
 
 
 def build_variant(source: str, variant: str, directory) -> object:
@@ -20,7 +21,9 @@ def build_variant(source: str, variant: str, directory) -> object:
     flags = set(_cpu_flags().split())
     if variant == "avx2" and not {"avx2", "fma", "f16c"} <= flags:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
-    name = f"switchyard_{variant}_{abs(hash((source, str(directory)))) % 10**8}"
+    if variant == "avx512-vnni" and not {"avx512f", "avx512bw", "avx512_vnni", "f16c"} <= flags:
+        pytest.skip("this CPU has no AVX512-VNNI")
+    name = f"switchyard_{variant.replace('-', '_')}_{abs(hash((source, str(directory)))) % 10**8}"
     load(name=name, sources=[source], extra_cflags=[*CFLAGS, *VARIANTS[variant]], extra_ldflags=list(LDFLAGS),
          build_directory=str(directory), is_python_module=False)
     return getattr(torch.ops, name)

@@ -95,15 +95,18 @@ def int8_blocks(x: torch.Tensor) -> torch.Tensor:
     """x as the block kernel sees it: rounded to int8 per 32 values, scale max|x| / 127."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     scale = blocks.abs().amax(-1, keepdim=True) / 127
-    q = torch.round(blocks / torch.where(scale == 0, torch.ones_like(scale), scale))
+    # times the inverse, as the kernel does: x / scale can round a value near .5 the other way
+    inverse = torch.where(scale == 0, torch.zeros_like(scale), 1 / scale)
+    q = torch.round(blocks * inverse)
     return (q * scale).reshape(x.shape)
 
 
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS)
-@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 16, 35])
 def test_block_kernel_is_exact_on_int8_rounded_activations(fmt, rows, block_ops):
     """Against the dequantized weight times the activations rounded as the kernel rounds them:
-    the integer dots are exact, so only float32 summation order differs (every row-tile size)."""
+    the integer dots are exact, so only float32 summation order differs (every row-tile size;
+    16 and 35 rows take AMX tiles where the CPU has them)."""
     weight = weight_of(fmt, 40, 512, seed=rows)
     x = torch.randn(rows, 512) * 3
     x[0, :32] = 0  # an all-zero block (scale 0)
@@ -111,6 +114,40 @@ def test_block_kernel_is_exact_on_int8_rounded_activations(fmt, rows, block_ops)
     out = block_ops.block_mm(x, packed.data, packed.segments, 40)
     expected = int8_blocks(x) @ unpack_reference(packed).T
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_output_does_not_depend_on_the_batch(fmt, dtype, block_ops):
+    """Each row of a 37-row step equals that row multiplied alone, to the bit: the loops for 1-4
+    rows, AMX's 16-row tiles (with a padded last group) and VNNI's all give a row the same integer
+    dots, scaled and summed in one order. Speculation's verify steps rely on it (greedy tokens
+    the same as without speculation)."""
+    weight = weight_of(fmt, 40, 512, seed=7)
+    packed = pack_blocks(weight)
+    x = (torch.randn(37, 512) * 3).to(dtype)
+    together = block_ops.block_mm(x, packed.data, packed.segments, 40)
+    alone = torch.cat([block_ops.block_mm(x[i:i + 1], packed.data, packed.segments, 40) for i in range(37)])
+    assert torch.equal(together, alone)
+
+
+@pytest.mark.slow
+def test_amx_tiles_compute_what_vnni_computes(block_ops, tmp_path):
+    """Where AMX runs (steps of block_mm_amx_rows() rows or more), its outputs equal a build
+    without AMX to the bit, on every format, full and partial row groups."""
+    from switchyard.backends.cpu.extension import BLOCK_SOURCE
+
+    if block_ops.block_mm_amx_rows() == 0:
+        pytest.skip("no AMX here (CPU, compiler or OS)")
+    vnni = build_variant(BLOCK_SOURCE, "avx512-vnni", tmp_path)
+    assert vnni.block_mm_amx_rows() == 0
+    for fmt in BLOCK_FORMATS:
+        weight = weight_of(fmt, 40, 256, seed=3)
+        packed = pack_blocks(weight)
+        for rows in (16, 21, 48):
+            x = torch.randn(rows, 256).to(torch.bfloat16)
+            assert torch.equal(block_ops.block_mm(x, packed.data, packed.segments, 40),
+                               vnni.block_mm(x, packed.data, packed.segments, 40)), (fmt, rows)
 
 
 @pytest.mark.slow

@@ -11,4 +11,5 @@ SWITCHYARD_LIBRARY(m) {
   m.def("block_pack(Tensor d, Tensor c, Tensor u, int bits, int group) -> Tensor");
   m.impl("block_pack", c10::DispatchKey::CPU, &blocks::block_pack);
   m.def("block_mm_isa() -> str", &blocks::block_mm_isa);
+  m.def("block_mm_amx_rows() -> int", &blocks::block_mm_amx_rows);
 }

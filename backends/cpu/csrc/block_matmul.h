@@ -24,9 +24,10 @@
 //   out[m, n] = sum_groups  d e * sum_k(u qa)  +  c s
 // where sum_k(u qa) is vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
 // activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
-// group of kRowsPerTile input rows. Work is split over tiles with at::parallel_for (built with
-// -fopenmp). With AVX2 (no AVX512-VNNI) each tile is two halves of 8 rows, each multiplied
-// with vpmaddubsw (see the AVX2 section); without either a portable loop does the same arithmetic.
+// group of kRowsPerTile input rows (with AMX, steps of 16 rows or more take tile ops instead:
+// see "AMX"). Work is split over tiles with at::parallel_for (built with -fopenmp). With AVX2
+// (no AVX512-VNNI) each tile is two halves of 8 rows, each multiplied with vpmaddubsw (see the
+// AVX2 section); without either a portable loop does the same arithmetic.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -51,6 +52,12 @@
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SY_BLOCK_PORTABLE)
 #define SY_BLOCK_AVX2 1
 #endif
+// AMX-INT8 (Sapphire Rapids and later) beside VNNI: see "AMX" below.
+#if defined(SY_BLOCK_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define SY_BLOCK_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 namespace blocks {
@@ -74,7 +81,26 @@ struct QuantizedInput {
   std::vector<float> scale;
   std::vector<float> scaled_sum;
   std::vector<float> half_sum;
+  // For AMX (`amx`; transpose_scales): e, s [K/32, M'] and the half sums [K/16, M'], block-major,
+  // so that a block's rows are one address apart; M' = padded_rows.
+  bool amx = false;
+  int64_t padded_rows = 0;
+  std::vector<float> scale_t, sum_t, half_t;
 };
+
+// Fills the block-major copies of the scales (M' = padded_rows; rows past M stay 0).
+inline void transpose_scales(QuantizedInput& in, int64_t M, int64_t blocks) {
+  const int64_t Mp = in.padded_rows;
+  in.scale_t.assign(blocks * Mp, 0.0f), in.sum_t.assign(blocks * Mp, 0.0f), in.half_t.assign(2 * blocks * Mp, 0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      in.scale_t[b * Mp + m] = in.scale[m * blocks + b];
+      in.sum_t[b * Mp + m] = in.scaled_sum[m * blocks + b];
+      in.half_t[2 * b * Mp + m] = in.half_sum[2 * (m * blocks + b)];
+      in.half_t[(2 * b + 1) * Mp + m] = in.half_sum[2 * (m * blocks + b) + 1];
+    }
+  }
+}
 
 template <typename T>
 void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out, float* half_out) {
@@ -95,15 +121,20 @@ void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out, float* ha
   half_out[1] = e * static_cast<float>(sum[1]);
 }
 
+// `padded_rows` (>= M) > 0 (AMX): qa has that many rows, those past M zero, and the scales are
+// also laid out block-major (transpose_scales); 0: M rows.
 template <typename T>
-QuantizedInput quantize_input(const T* x, int64_t M, int64_t K) {
+QuantizedInput quantize_input(const T* x, int64_t M, int64_t K, int64_t padded_rows) {
+  const bool amx = padded_rows > 0;
+  if (!amx) padded_rows = M;
   const int64_t blocks = M * (K / kBlock);
-  QuantizedInput in{std::vector<int8_t>(M * K), std::vector<float>(blocks), std::vector<float>(blocks),
-                    std::vector<float>(2 * blocks)};
+  QuantizedInput in{std::vector<int8_t>(padded_rows * K), std::vector<float>(blocks), std::vector<float>(blocks),
+                    std::vector<float>(2 * blocks), amx, padded_rows};
   at::parallel_for(0, blocks, 512, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)  // block i of the flattened [M, K] (K is a multiple of 32)
       quantize_block(x + i * kBlock, in.q.data() + i * kBlock, &in.scale[i], &in.scaled_sum[i], &in.half_sum[2 * i]);
   });
+  if (amx) transpose_scales(in, M, K / kBlock);
   return in;
 }
 
@@ -138,11 +169,11 @@ inline int32_t weight_u(const uint8_t* payload, int64_t r, int64_t k) {
 // Q8_0 LM head 2.6-2.8 ms without, 1.5-1.9 with.
 constexpr int64_t kPrefetchBytes = 2048;
 
-// The lines of the record kPrefetchBytes ahead of rec.
-template <int64_t Bits, int64_t Group>
+// The lines of the record `ahead` bytes after rec.
+template <int64_t Bits, int64_t Group, int64_t Ahead = kPrefetchBytes>
 inline void prefetch_record(const uint8_t* rec) {
   for (int64_t line = 0; line < record_bytes(Bits, Group); line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes + line), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + Ahead + line), _MM_HINT_T0);
   }
 }
 #endif
@@ -207,10 +238,174 @@ inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blo
   }
 }
 
+#if defined(SY_BLOCK_AMX)
+// AMX: steps of at least kAmxMinRows rows multiply each record with TDPBSUD, one tile op per
+// scale group: A = kAmxRows input rows' qa for the group (s8, Group bytes a row, read in place
+// from the padded [M', K] activations), B = the group's weights (u8, Group / 4 rows of 64 bytes:
+// row j is payload chunk j, lane r = output row r's 4 weights, so an 8-bit payload is B as it
+// lies and 4-6 bits are unpacked into a scratch copy once per tile), C = 16 x 16 int32 dots. The
+// dots are exact integers, the same as vpdpbusd's, and each is scaled and added in the VNNI
+// loop's order with the same instructions, so a row's output does not depend on which path (or
+// how many rows) computed it: speculation's verify steps and plain decodes stay bit-identical.
+// Each 16 x 16 x 32 product has to leave its tile through memory to be scaled (its block's
+// scales are its own), which bounds the gain: idle 2-core AMX Xeon, one 16384 x 2048 Q4_K
+// weight, 2 threads, VNNI / AMX: 8 rows 0.99 / 1.39 ms, 16 rows 1.77 / 1.61, 32 rows 3.40 /
+// 2.96, 64 rows 6.66 / 5.30 (1.26x).
+constexpr int64_t kAmxRows = 16;     // input rows per C tile, their accumulators in registers
+constexpr int64_t kAmxMinRows = 16;  // steps from this many rows take AMX
+// Records are prefetched further ahead than VNNI's kPrefetchBytes: a tile op's load of a record
+// that is not in cache stalls the tile unit, and a record goes through it faster.
+constexpr int64_t kAmxPrefetchBytes = 8192;
+
+// Linux gives a process AMX's tile data only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); asked once, for every thread. Where it is refused, VNNI runs.
+inline bool amx_usable() {
+  static const bool usable = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return usable;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3 (C) rotate over the stages, so that two stages' products are under way while one is
+// scaled and added; A and B alternate between tiles 4/6 and 5/7. Loaded per call (the config is a
+// thread's state).
+template <int64_t Group>
+inline void configure_tiles() {
+  TileConfig config;
+  for (int i = 0; i < 4; ++i) config.rows[i] = kAmxRows, config.colsb[i] = 64;
+  for (int i = 4; i < 6; ++i) config.rows[i] = kAmxRows, config.colsb[i] = Group;
+  for (int i = 6; i < 8; ++i) config.rows[i] = Group / 4, config.colsb[i] = 64;
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes: make the whole config be stored.
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+// C = A B, A = kAmxRows rows of qa from a (stride K), B = Group / 4 rows of u at w (the tile
+// intrinsics take their register numbers as literals, hence a macro).
+#define SY_TILE_DOT(c, at, bt, a, K, w) \
+  do {                                  \
+    asm volatile("" : : "m"(*reinterpret_cast<const uint8_t(*)[Group * 16]>(w))); \
+    _tile_zero(c);                      \
+    _tile_loadd(at, a, K);              \
+    _tile_loadd(bt, w, 64);             \
+    _tile_dpbsud(c, at, bt);            \
+  } while (0)
+
+// One tile times R (<= kAmxRows) input rows from m0 (qa rows m0..m0 + 15 are read; those past R
+// are the zero padding, their dots unused). The stages (block, group) run in order; each one's
+// tile product is issued two stages before it is scaled and added. The c terms follow in a pass
+// of their own (their chains would not fit in the registers beside the accumulators).
+// `u` holds the tile's unpacked payloads (blocks x 512 bytes): written here when `unpack_now`.
+template <int64_t Bits, int64_t Group, int R, typename T>
+inline void tile_rows_amx(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t m0, bool unpack_now,
+                          uint8_t* u, T* out, int64_t N, int64_t count) {
+  constexpr int64_t record = record_bytes(Bits, Group), G = groups_of(Group);
+  const int64_t K = blocks * kBlock, stages = blocks * G;
+  const int8_t* a = in.q.data() + m0 * K;
+  const auto issue = [&](int64_t stage) {
+    if (stage >= stages) return;
+    const int64_t b = stage / G, g = stage % G;
+    const uint8_t* rec = tile + b * record;
+    const uint8_t* weights = rec + header_bytes(Group);
+    if (g == 0 && unpack_now) prefetch_record<Bits, Group, kAmxPrefetchBytes>(rec);
+    if constexpr (Bits != 8) {
+      if (g == 0 && unpack_now) {
+        __m512i w[8];
+        unpack<Bits>(weights, w);
+        for (int j = 0; j < 8; ++j) _mm512_store_si512(u + 512 * b + 64 * j, w[j]);
+      }
+      weights = u + 512 * b;
+    }
+    const int8_t* qa = a + b * kBlock + g * Group;
+    const uint8_t* w = weights + 256 * g;
+    switch (stage % 4) {
+      case 0: SY_TILE_DOT(0, 4, 6, qa, K, w); break;
+      case 1: SY_TILE_DOT(1, 5, 7, qa, K, w); break;
+      case 2: SY_TILE_DOT(2, 4, 6, qa, K, w); break;
+      default: SY_TILE_DOT(3, 5, 7, qa, K, w); break;
+    }
+  };
+  __m512 acc[R];
+  for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+  alignas(64) int32_t dots[4][kAmxRows][16];  // one per C tile
+  issue(0);
+  issue(1);
+  for (int64_t stage = 0; stage < stages; ++stage) {
+    issue(stage + 2);
+    switch (stage % 4) {
+      case 0: _tile_stored(0, dots[0], 64); break;
+      case 1: _tile_stored(1, dots[1], 64); break;
+      case 2: _tile_stored(2, dots[2], 64); break;
+      default: _tile_stored(3, dots[3], 64); break;
+    }
+    asm volatile("" : "=m"(dots[stage % 4]));  // GCC's tile intrinsics do not say they touch memory
+    const int64_t b = stage / G, g = stage % G;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * record + 64 * g)));
+    const float* e_rows = in.scale_t.data() + b * in.padded_rows + m0;
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m) {
+      const __m512 e = _mm512_set1_ps(e_rows[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots[stage % 4][m])), _mm512_mul_ps(d, e), acc[m]);
+    }
+  }
+  alignas(64) float sums[R][kTileRows];
+  for (int m = 0; m < R; ++m) _mm512_store_ps(sums[m], acc[m]);
+  __m512 acc_c[R];  // the c terms, in a pass of their own (the tile's records are in cache now)
+  for (int m = 0; m < R; ++m) acc_c[m] = _mm512_setzero_ps();
+  for (int64_t stage = 0; stage < stages; ++stage) {
+    const int64_t b = stage / G, g = stage % G;
+    const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * record + 64 * g + 32)));
+    const float* s_rows = (G == 1 ? in.sum_t.data() + b * in.padded_rows : in.half_t.data() + (2 * b + g) * in.padded_rows) + m0;
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m) acc_c[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(s_rows[m]), acc_c[m]);
+  }
+  for (int m = 0; m < R; ++m) {
+    alignas(64) float values[kTileRows];
+    _mm512_store_ps(values, _mm512_add_ps(_mm512_load_ps(sums[m]), acc_c[m]));
+    store_row(out + (m0 + m) * N, values, count);
+  }
+}
+
+// tiles() on AMX (M >= kAmxMinRows; the activations padded to a multiple of kAmxRows rows).
+template <int64_t Bits, int64_t Group, typename T>
+void tiles_amx(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
+               int64_t t_begin, int64_t t_end) {
+  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  static thread_local std::vector<__m512i> scratch;
+  if (Bits != 8 && static_cast<int64_t>(scratch.size()) < blocks * 8) scratch.resize(blocks * 8);
+  uint8_t* u = reinterpret_cast<uint8_t*>(scratch.data());
+  configure_tiles<Group>();
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint8_t* tile = packed + t * blocks * record;
+    const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
+    T* o = out + t * kTileRows;
+    for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
+      const bool first = m0 == 0;
+      switch (std::min(kAmxRows, M - m0)) {
+#define SY_AMX_CASE(r) case r: tile_rows_amx<Bits, Group, r>(in, tile, blocks, m0, first, u, o, N, rows_here); break;
+        SY_AMX_CASE(1) SY_AMX_CASE(2) SY_AMX_CASE(3) SY_AMX_CASE(4) SY_AMX_CASE(5) SY_AMX_CASE(6) SY_AMX_CASE(7)
+        SY_AMX_CASE(8) SY_AMX_CASE(9) SY_AMX_CASE(10) SY_AMX_CASE(11) SY_AMX_CASE(12) SY_AMX_CASE(13) SY_AMX_CASE(14)
+        SY_AMX_CASE(15)
+        default: tile_rows_amx<Bits, Group, 16>(in, tile, blocks, m0, first, u, o, N, rows_here); break;
+#undef SY_AMX_CASE
+      }
+    }
+  }
+  _tile_release();
+}
+#endif
+
 // Tiles [t_begin, t_end) of one segment of `rows` output rows; out points at its first column.
 template <int64_t Bits, int64_t Group, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
+#if defined(SY_BLOCK_AMX)
+  if (in.amx) return tiles_amx<Bits, Group>(in, packed, out, M, N, K, rows, t_begin, t_end);
+#endif
   const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
@@ -475,10 +670,19 @@ inline void for_tiles(const std::vector<Segment>& segments, Fn&& fn) {
   });
 }
 
+// The rows the activations are padded to where AMX multiplies them (it loads kAmxRows rows at a
+// time), else 0.
+inline int64_t padded_rows(int64_t M) {
+#if defined(SY_BLOCK_AMX)
+  if (M >= kAmxMinRows && amx_usable()) return (M + kAmxRows - 1) / kAmxRows * kAmxRows;
+#endif
+  return 0;
+}
+
 template <typename T>
 void run(const at::Tensor& x, const uint8_t* packed, const std::vector<Segment>& segments, at::Tensor& out, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1);
-  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K);
+  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K, padded_rows(M));
   T* op = out.data_ptr<T>();
   for_tiles(segments, [&](const Segment& s, int64_t begin, int64_t end) {
     dispatch_layout(s, [&](auto bits, auto group) {
@@ -631,6 +835,14 @@ at::Tensor block_pack(const at::Tensor& d, const at::Tensor& c, const at::Tensor
     }
   });
   return packed;
+}
+
+// From how many rows a step multiplies with AMX tiles; 0 where this build or the OS has none.
+int64_t block_mm_amx_rows() {
+#if defined(SY_BLOCK_AMX)
+  if (amx_usable()) return kAmxMinRows;
+#endif
+  return 0;
 }
 
 // "avx512-vnni", "avx2" or "portable": which loop this build runs (the caller prefers another
