@@ -76,10 +76,31 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def hit_rate_ceiling(bodies: list[dict], block_size: int = 16) -> float:
+    """The prefix-cache hit rate of `bodies` through one cache that never evicts, one request at a
+    time: a request hits the full blocks (at most its length - 1 tokens) that an earlier one had."""
+    from switchyard.core.config import ModelConfig
+    from switchyard.core.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(ModelConfig())
+    seen: set[tuple[int, ...]] = set()
+    queried = hit = 0
+    for body in bodies:
+        text = tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        prefixes = [tuple(ids[:(k + 1) * block_size]) for k in range((len(ids) - 1) // block_size)]
+        hit += block_size * next((k for k, prefix in enumerate(prefixes) if prefix not in seen), len(prefixes))
+        queried += len(ids)
+        seen.update(prefixes)
+    return hit / queried
+
+
 def affinity(args: argparse.Namespace) -> None:
     print(f"2 replicas x 1 core, {args.requests} requests over 8 system prompts of ~1,000 tokens, "
           f"c={args.concurrency}, {args.output_len} output tokens, {args.kv_tokens} KV tokens a replica "
           f"(machine: {os.cpu_count()} CPUs)")
+    print(f"hit rate ceiling (one cache that never evicts, one request at a time): "
+          f"{hit_rate_ceiling(chat_bodies('tgi', args.requests, args.output_len, kind='shared-prefix')):.1%}")
     for routing in args.routings:
         proc, url = _serve("--data-parallel-size", "2", "--data-parallel-routing", routing, kv_tokens=args.kv_tokens)
         try:

@@ -9,10 +9,13 @@ possibly sharded), so the routes, /health and /metrics do not know there are sev
   the set, bound; a sharded replica splits its set between its shards).
 - **Routing** (`PrefixRouter`): every `add_requests` call (the n sequences of one prompt) goes
   to one replica. `cache-aware` (the default) hashes the prompt's full KV blocks as a chain, as
-  the prefix cache does, and sends the prompt to the replica that last served its longest known
-  prefix, unless that replica is overloaded (more outstanding requests than `max(least + slack,
-  ratio x least)`), in which case the least-loaded replica takes it (and the prefix from then
-  on). `least-load` ignores prefixes; `round-robin` ignores load too.
+  the prefix cache does, and sends the prompt to the least loaded of the replicas that served
+  its longest known prefix, unless that one is overloaded (more outstanding requests than
+  `max(least + slack, ratio x least)`: SGLang's router's rule, at its defaults), in which case
+  the least-loaded replica takes it and holds the prefix too, so that a hot prefix spreads
+  over the replicas it overloads and a cold one stays on one. A miss costs a whole prompt's
+  prefill; a queue at its holder, a few decode steps. `least-load` ignores prefixes;
+  `round-robin` ignores load too.
 - **Failure**: a replica whose engine dies fails its own streams (its client does that), leaves
   the rotation at once and is restarted by a supervisor thread; the others keep serving. The
   set is ready (/health 200) while at least one replica serves, and fails (the server exits
@@ -82,8 +85,11 @@ class RoutingPolicy:
     routing: str = "cache-aware"
     block_size: int = 16  # the engine's KV block: a prefix is known in whole blocks
     max_blocks: int = 256  # a prompt's first blocks hashed (4,096 tokens at 16)
-    load_slack: int = 4  # outstanding requests the prefix's replica may have over the least loaded ...
-    load_ratio: float = 2.0  # ... or this multiple of the least loaded's, whichever is more
+    # A prefix's replica takes its prompt while it has at most `load_slack` outstanding requests
+    # more than the least loaded, or `load_ratio` times as many, whichever is more (sglang-router's
+    # --balance-abs-threshold and --balance-rel-threshold, at their defaults).
+    load_slack: int = 64
+    load_ratio: float = 1.5
     max_entries: int = 200_000  # prefix hashes remembered (least recently used dropped)
 
     def __post_init__(self):
@@ -110,10 +116,11 @@ class PrefixRouter:
 
     def __init__(self, policy: RoutingPolicy):
         self.policy = policy
-        self._owner: OrderedDict[bytes, int] = OrderedDict()  # block hash -> replica index
+        # block hash -> the replicas that computed it (a dict as an ordered set), least recently used first
+        self._holders: OrderedDict[bytes, dict[int, None]] = OrderedDict()
         self._turn = itertools.count()
         self._lock = threading.Lock()
-        self.affinity_hits = 0  # prompts sent to the replica that held their prefix
+        self.affinity_hits = 0  # prompts sent to a replica that held their prefix
 
     def choose(self, prompt: Sequence[int], loads: dict[int, int], salt: str | None = None) -> int:
         """The replica for `prompt` among `loads` (index -> outstanding requests; not empty)."""
@@ -126,22 +133,26 @@ class PrefixRouter:
             return least
         hashes = block_hashes(prompt, policy.block_size, policy.max_blocks, salt)
         with self._lock:
-            owner = next((self._owner[h] for h in reversed(hashes) if h in self._owner), None)
+            holders = next((self._holders[h] for h in reversed(hashes) if h in self._holders), {})
+            holder = min((i for i in holders if i in loads), key=lambda i: (loads[i], i), default=None)
             bound = max(loads[least] + policy.load_slack, policy.load_ratio * loads[least])
-            chosen = owner if owner in loads and loads[owner] <= bound else least
-            self.affinity_hits += chosen == owner
+            chosen = holder if holder is not None and loads[holder] <= bound else least
+            self.affinity_hits += chosen == holder
             for h in hashes:
-                self._owner[h] = chosen
-                self._owner.move_to_end(h)
-            while len(self._owner) > policy.max_entries:
-                self._owner.popitem(last=False)
+                self._holders.setdefault(h, {})[chosen] = None
+                self._holders.move_to_end(h)
+            while len(self._holders) > policy.max_entries:
+                self._holders.popitem(last=False)
         return chosen
 
     def forget(self, index: int) -> None:
-        """A replica restarted with an empty cache: its prefixes are nobody's."""
+        """A replica restarted with an empty cache: it holds no prefix."""
         with self._lock:
-            for h in [h for h, owner in self._owner.items() if owner == index]:
-                del self._owner[h]
+            for h in list(self._holders):
+                holders = self._holders[h]
+                holders.pop(index, None)
+                if not holders:
+                    del self._holders[h]
 
 
 class Replica:

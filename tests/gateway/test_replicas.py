@@ -51,11 +51,26 @@ def test_cache_aware_routing_follows_the_prefix_within_a_load_bound():
     assert router.choose(system_a + [3, 4, 5], {0: 1, 1: 0}) == 0  # its prefix is on 0, within the bound
     assert router.choose(system_b + [1], {0: 2, 1: 0}) == 1  # a new prefix: the least loaded
     assert router.choose(system_b + [9] * 20, {0: 0, 1: 2}) == 1
-    # a hot prefix past the bound (least + slack and 2 x least) spills to the least loaded, which takes it on
+    # a hot prefix past the bound (least + slack and 2 x least) spills to the least loaded, which holds it too
     assert router.choose(system_a, {0: 3, 1: 0}) == 1
-    assert router.choose(system_a + [5], {0: 0, 1: 0}) == 1
-    router.forget(1)  # replica 1 restarted: its prefixes are nobody's
-    assert router.choose(system_b, {0: 0, 1: 1}) == 0
+    assert router.choose(system_a + [5], {0: 1, 1: 2}) == 0  # both hold it: the less loaded of the two
+    assert router.choose(system_a + [6], {0: 2, 1: 1}) == 1
+    assert router.choose(system_b, {0: 0, 1: 2}) == 1  # b is on 1 alone: its queue is within the bound
+    router.forget(1)  # replica 1 restarted: it holds nothing
+    assert router.choose(system_b, {0: 1, 1: 0}) == 1  # b is nobody's: the least loaded
+    assert router.choose(system_a, {0: 2, 1: 0}) == 0  # a is on 0 alone now
+
+
+def test_cache_aware_defaults_keep_a_prefix_on_its_replica_under_a_small_imbalance():
+    """sglang-router's defaults: a prefix's replica keeps it until it has 64 outstanding
+    requests more than the least loaded and 1.5x as many (a miss costs a whole prefill)."""
+    router = PrefixRouter(RoutingPolicy())
+    system = list(range(64))
+    assert router.choose(system, {0: 0, 1: 0}) == 0
+    assert router.choose(system + [1], {0: 7, 1: 0}) == 0
+    assert router.choose(system + [2], {0: 64, 1: 0}) == 0
+    assert router.choose(system + [3], {0: 65, 1: 0}) == 1
+    assert router.choose(system + [4], {0: 70, 1: 60}) == 1  # both hold it now
 
 
 def test_least_load_and_round_robin_ignore_prefixes():
