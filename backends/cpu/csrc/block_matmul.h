@@ -223,8 +223,15 @@ inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blo
       const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
       const __m512 e = _mm512_set1_ps(in.scale[at]);
       for (int g = 0; g < G; ++g) {
-        __m512i dot = _mm512_setzero_si512();
-        for (int j = g * chunks; j < (g + 1) * chunks; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
+        // With few rows the chunks' vpdpbusd chain is the loop's critical path (5 cycles each):
+        // split it into P chains summed after (integer sums are exact, so the dot is unchanged).
+        constexpr int P = R <= 2 ? (chunks >= 4 ? 4 : chunks) : 1;
+        __m512i part[P];
+        for (int p = 0; p < P; ++p) part[p] = _mm512_setzero_si512();
+        for (int j = g * chunks; j < (g + 1) * chunks; ++j)
+          part[j % P] = _mm512_dpbusd_epi32(part[j % P], w[j], _mm512_set1_epi32(a[j]));
+        __m512i dot = part[0];
+        for (int p = 1; p < P; ++p) dot = _mm512_add_epi32(dot, part[p]);
         const float s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[g], e), acc[m]);
         acc_c[m] = _mm512_fmadd_ps(c[g], _mm512_set1_ps(s), acc_c[m]);
