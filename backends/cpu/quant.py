@@ -243,6 +243,10 @@ def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: 
         block_ops, blocks = None, replace(blocks, ops=None, reason="the block kernel needs AVX512-VNNI or AVX2")
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, Linear) and module.quantized is not None]
+    if block_ops is not None and any(block_formatted(module.quantized) for _, module in targets):
+        amx_rows = block_ops.block_mm_amx_rows()
+        logger.info("block-format weights: integer kernel %s%s", block_ops.block_mm_isa(),
+                    f", AMX tiles for steps of {amx_rows} rows or more" if amx_rows else "")
     dequantized: set[str] = set()
     for name, module in targets:
         weight, bias = module.quantized, None if module.bias is None else module.bias.detach()
