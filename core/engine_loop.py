@@ -19,6 +19,7 @@ from .engine_channel import Channel
 from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
 from .errors import BackendError, EngineDeadError, ShardTerminated
+from .memory import release_freed_memory
 from .output_processor import OutputProcessor
 from .request import FinishReason, Request
 from .tracing import EngineTracer
@@ -59,6 +60,7 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
     try:
         if warm_up:
             loop.warm_up()
+        release_freed_memory()  # what loading freed stays resident otherwise (core/memory.py)
         if on_ready is not None:
             on_ready()  # e.g. back to the normal CPU priority (core/engine_priority.py)
         channel.send(Ready(engine.info, tokenizer, loop.load()))
