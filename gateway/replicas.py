@@ -11,11 +11,10 @@ possibly sharded), so the routes, /health and /metrics do not know there are sev
   to one replica. `cache-aware` (the default) hashes the prompt's full KV blocks as a chain, as
   the prefix cache does, and sends the prompt to the least loaded of the replicas that served
   its longest known prefix, unless that one is overloaded (more outstanding requests than
-  `max(least + slack, ratio x least)`: SGLang's router's rule, at its defaults), in which case
-  the least-loaded replica takes it and holds the prefix too, so that a hot prefix spreads
-  over the replicas it overloads and a cold one stays on one. A miss costs a whole prompt's
-  prefill; a queue at its holder, a few decode steps. `least-load` ignores prefixes;
-  `round-robin` ignores load too.
+  `max(least + slack, ratio x least)`, SGLang's router's rule, with a slack that grows with the
+  prefix's length: a miss costs its prefill), in which case the least-loaded replica takes it
+  and holds the prefix too, so that a hot prefix spreads over the replicas it overloads and a
+  cold one stays on one. `least-load` ignores prefixes; `round-robin` ignores load too.
 - **Failure**: a replica whose engine dies fails its own streams (its client does that), leaves
   the rotation at once and is restarted by a supervisor thread; the others keep serving. The
   set is ready (/health 200) while at least one replica serves, and fails (the server exits
@@ -85,11 +84,15 @@ class RoutingPolicy:
     routing: str = "cache-aware"
     block_size: int = 16  # the engine's KV block: a prefix is known in whole blocks
     max_blocks: int = 256  # a prompt's first blocks hashed (4,096 tokens at 16)
-    # A prefix's replica takes its prompt while it has at most `load_slack` outstanding requests
-    # more than the least loaded, or `load_ratio` times as many, whichever is more (sglang-router's
-    # --balance-abs-threshold and --balance-rel-threshold, at their defaults).
-    load_slack: int = 64
-    load_ratio: float = 1.5
+    # A prefix's holder takes its prompt while it has at most `load_slack` outstanding requests more
+    # than the least loaded, or `load_ratio` times as many, whichever is more (sglang-router's
+    # --balance-abs/rel-threshold); the slack grows with the prefix, by one request per
+    # `tokens_per_request` of it, since a miss costs the prefix's prefill and a queued request
+    # about as much as that many prompt tokens: a 1,000-token system prompt stays on its replica
+    # under an imbalance of 15, a 16-token chat-template block spills at 4.
+    load_slack: int = 4
+    load_ratio: float = 2.0
+    tokens_per_request: int = 64
     max_entries: int = 200_000  # prefix hashes remembered (least recently used dropped)
 
     def __post_init__(self):
@@ -133,9 +136,11 @@ class PrefixRouter:
             return least
         hashes = block_hashes(prompt, policy.block_size, policy.max_blocks, salt)
         with self._lock:
-            holders = next((self._holders[h] for h in reversed(hashes) if h in self._holders), {})
+            depth = next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self._holders), 0)
+            holders = self._holders[hashes[depth - 1]] if depth else {}
             holder = min((i for i in holders if i in loads), key=lambda i: (loads[i], i), default=None)
-            bound = max(loads[least] + policy.load_slack, policy.load_ratio * loads[least])
+            slack = max(policy.load_slack, depth * policy.block_size // policy.tokens_per_request)
+            bound = max(loads[least] + slack, policy.load_ratio * loads[least])
             chosen = holder if holder is not None and loads[holder] <= bound else least
             self.affinity_hits += chosen == holder
             for h in hashes:

@@ -61,16 +61,19 @@ def test_cache_aware_routing_follows_the_prefix_within_a_load_bound():
     assert router.choose(system_a, {0: 2, 1: 0}) == 0  # a is on 0 alone now
 
 
-def test_cache_aware_defaults_keep_a_prefix_on_its_replica_under_a_small_imbalance():
-    """sglang-router's defaults: a prefix's replica keeps it until it has 64 outstanding
-    requests more than the least loaded and 1.5x as many (a miss costs a whole prefill)."""
+def test_a_longer_prefix_stays_on_its_replica_under_a_larger_imbalance():
+    """The slack grows by one outstanding request per 64 tokens of the known prefix: a miss
+    costs that prefix's prefill. A 1,024-token prefix stays under an imbalance of 16; a 16-token
+    one (a chat template's first block) spills past 4, so short shared prefixes still spread."""
     router = PrefixRouter(RoutingPolicy())
-    system = list(range(64))
-    assert router.choose(system, {0: 0, 1: 0}) == 0
-    assert router.choose(system + [1], {0: 7, 1: 0}) == 0
-    assert router.choose(system + [2], {0: 64, 1: 0}) == 0
-    assert router.choose(system + [3], {0: 65, 1: 0}) == 1
-    assert router.choose(system + [4], {0: 70, 1: 60}) == 1  # both hold it now
+    system, template = list(range(1024)), list(range(5000, 5016))
+    assert router.choose(system + [1], {0: 0, 1: 0}) == 0
+    assert router.choose(system + [2], {0: 16, 1: 0}) == 0
+    assert router.choose(system + [3], {0: 17, 1: 0}) == 1  # past the slack: 1 holds it too
+    assert router.choose(system + [4], {0: 17, 1: 3}) == 1  # the less loaded holder
+    assert router.choose(template + [1], {0: 0, 1: 0}) == 0
+    assert router.choose(template + [2], {0: 4, 1: 0}) == 0
+    assert router.choose(template + [3], {0: 5, 1: 0}) == 1
 
 
 def test_least_load_and_round_robin_ignore_prefixes():
