@@ -79,6 +79,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def hit_rate_ceiling(bodies: list[dict], block_size: int = 16) -> float:
     """The prefix-cache hit rate of `bodies` through one cache that never evicts, one request at a
     time: a request hits the full blocks (at most its length - 1 tokens) that an earlier one had."""
+    from switchyard.core.chat_template import render_chat
     from switchyard.core.config import ModelConfig
     from switchyard.core.loader import load_tokenizer
 
@@ -86,8 +87,7 @@ def hit_rate_ceiling(bodies: list[dict], block_size: int = 16) -> float:
     seen: set[tuple[int, ...]] = set()
     queried = hit = 0
     for body in bodies:
-        text = tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = tokenizer.encode(render_chat(tokenizer, body["messages"]), add_special_tokens=False)
         prefixes = [tuple(ids[:(k + 1) * block_size]) for k in range((len(ids) - 1) // block_size)]
         hit += block_size * next((k for k, prefix in enumerate(prefixes) if prefix not in seen), len(prefixes))
         queried += len(ids)

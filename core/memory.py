@@ -16,12 +16,17 @@ import os
 logger = logging.getLogger(__name__)
 
 
-def _resident_mb() -> float | None:
+def status_kib(field: str, pid: int | str = "self", proc: str = "/proc") -> int | None:
+    """The `field` line of /proc/PID/status (VmRSS, VmHWM...) in KiB; None when the process is
+    gone or the line is missing or unreadable."""
     try:
-        with open(f"/proc/{os.getpid()}/status") as status:
-            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
-    except (OSError, StopIteration, ValueError):
+        with open(os.path.join(proc, str(pid), "status")) as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 def release_freed_memory() -> bool:
@@ -30,9 +35,10 @@ def release_freed_memory() -> bool:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return False
-    before = _resident_mb()
+    before = status_kib("VmRSS")
     trim(0)
-    after = _resident_mb()
+    after = status_kib("VmRSS")
     if before is not None and after is not None:
-        logger.info("returned %.0f MB of memory freed at start-up to the OS (resident: %.0f MB)", before - after, after)
+        logger.info("returned %.0f MB of memory freed at start-up to the OS (resident: %.0f MB)",
+                    (before - after) / 1024, after / 1024)
     return True

@@ -14,7 +14,9 @@ backend's declared Capabilities.decode_row_cost.
 """
 from __future__ import annotations
 
-DEFAULT_ROW_COST = 0.02  # before any fit, unless the backend declares its own (Capabilities.decode_row_cost)
+from ..backend_contract import Capabilities
+
+DEFAULT_ROW_COST = Capabilities.decode_row_cost  # before any fit: a backend that declares none
 # Weight kept by the older steps at each new one: the line is the machine's and the model's, and
 # changes slowly, while the rows of a steady load barely vary, so the fit remembers ~1000 steps
 # (the ramps up and down of earlier loads among them).

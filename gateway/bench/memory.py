@@ -17,6 +17,8 @@ import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from switchyard.core.memory import status_kib
+
 PROC = "/proc"
 _LISTEN = "0A"  # the TCP state column of /proc/net/tcp for LISTEN
 
@@ -83,14 +85,7 @@ def process_tree(root: int, proc: str = PROC) -> list[int]:
 
 def peak_rss_kib(pid: int, proc: str = PROC) -> int | None:
     """VmHWM of one process, in KiB; None when it is gone or unreadable."""
-    try:
-        with open(os.path.join(proc, str(pid), "status")) as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return status_kib("VmHWM", pid, proc)
 
 
 def tree_peak_rss_bytes(pids: Iterable[int], proc: str = PROC) -> int | None:
