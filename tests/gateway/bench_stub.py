@@ -99,9 +99,9 @@ def _handler(stub: StubServer):
             start = time.perf_counter()
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             status = stub.next_status() if self.path == "/v1/chat/completions" else 404
-            if status != 200:
-                self._json(status, {"error": {"message": f"stub {status}", "type": "server_error"}})
+            if status != 200:  # recorded before the answer: a client that stops at it must find it counted
                 stub.record(Received(body, start, time.perf_counter(), status))
+                self._json(status, {"error": {"message": f"stub {status}", "type": "server_error"}})
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
