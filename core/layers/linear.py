@@ -16,7 +16,7 @@ Quantized weights are whole: tensor parallelism refuses --quantize (core/capabil
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
@@ -264,8 +264,11 @@ class Embedding(nn.Module):
     def load(self, param_name: str, tensor: CheckpointTensor) -> bool:
         if param_name != "weight":
             raise ValueError(f"checkpoint has an embedding {param_name}")
-        if isinstance(tensor, QuantizedWeight):  # its own copy: a loader may hand a view of a mapped file
-            self.quantized = replace(_whole_quantized(tensor, self.rows), data=tensor.data.clone())
+        if isinstance(tensor, QuantizedWeight):
+            # kept as the loader hands it, e.g. a view of a mapped GGUF file: a lookup reads only
+            # its rows' pages, which become resident as tokens are used (as llama.cpp's mapping);
+            # the pages loading touched are dropped afterwards (core/memory.py)
+            self.quantized = _whole_quantized(tensor, self.rows)
             self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
             return True
         tensor = read_whole(tensor) if self.rows is None else read_slice(tensor, 0, self.rows)
