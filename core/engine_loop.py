@@ -20,6 +20,7 @@ from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLo
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
 from .errors import BackendError, EngineDeadError, ShardTerminated
 from .memory import release_freed_memory
+from .serving_tokenizer import gateway_tokenizer
 from .output_processor import OutputProcessor
 from .request import FinishReason, Request
 from .tracing import EngineTracer
@@ -63,7 +64,7 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
         release_freed_memory()  # what loading freed stays resident otherwise (core/memory.py)
         if on_ready is not None:
             on_ready()  # e.g. back to the normal CPU priority (core/engine_priority.py)
-        channel.send(Ready(engine.info, tokenizer, loop.load()))
+        channel.send(Ready(engine.info, gateway_tokenizer(tokenizer), loop.load()))
     except BaseException as exc:  # noqa: BLE001
         logger.exception("engine warm-up failed")
         channel.send(StartupFailed(portable(exc)))

@@ -99,7 +99,8 @@ class ModelChecked:
 
 @dataclass(frozen=True)
 class Ready:
-    """Loaded and warmed up. `tokenizer` is the engine's (pickled across a process)."""
+    """Loaded and warmed up. `tokenizer` is the engine's, as the gateway holds it
+    (core/serving_tokenizer.py; pickled across a process)."""
 
     info: EngineInfo
     tokenizer: object

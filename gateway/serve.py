@@ -343,11 +343,12 @@ def _log_model(client) -> None:
 
 
 def _preload_tokenizer_code() -> None:
-    """Imports the tokenizer's code (transformers, no torch) while the engine loads: the engine
-    hands its tokenizer over pickled when ready, and unpickling it would import transformers
-    then, seconds between the engine being ready and /health answering 200."""
+    """Imports the tokenizer's and the chat template's code (`tokenizers`, jinja2; no
+    transformers, no torch) while the engine loads: the engine hands its tokenizer over pickled
+    when ready (core/serving_tokenizer.py), and the first chat request compiles a template."""
     try:
-        from transformers import PreTrainedTokenizerFast  # noqa: F401 - the import is the point
+        import jinja2.sandbox  # noqa: F401 - the import is the point
+        import tokenizers  # noqa: F401
     except Exception:  # noqa: BLE001 - the unpickling imports what it needs, and reports its own errors
         pass
 

@@ -3,6 +3,7 @@ tests compare the server's answers with."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from dataclasses import dataclass
 
@@ -21,7 +22,17 @@ class Generated:
     finish_reason: str
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+@functools.lru_cache(maxsize=1)
+def reference_tokenizer():
+    """The default model's transformers tokenizer: chat prompts rendered by transformers itself."""
+    from switchyard.core.config import ModelConfig
+    from switchyard.core.loader import load_tokenizer
+
+    return load_tokenizer(ModelConfig())
+
+
+def chat_prompt_ids(messages: list[dict]) -> list[int]:
+    tokenizer = reference_tokenizer()
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -43,7 +54,7 @@ def generate(server, prompt_ids: list[int], **params) -> Generated:
 
 
 def greedy_chat(server, messages: list[dict], max_tokens: int) -> Generated:
-    ids = chat_prompt_ids(server.client.tokenizer, messages)
+    ids = chat_prompt_ids(messages)
     return generate(server, ids, temperature=0.0, max_tokens=max_tokens)
 
 

@@ -57,8 +57,8 @@ def test_tokenize_truncates_like_generate(http):
     assert last == full[-3:]
 
 
-def test_tokenize_vllm_bodies(server, http):
-    tokenizer = server.client.tokenizer
+def test_tokenize_vllm_bodies(server, http, default_tokenizer):
+    tokenizer = default_tokenizer  # transformers' own, the reference
     body = http.post("/tokenize", json={"prompt": COUNT, "return_token_strs": True}).json()
     assert body["tokens"] == tokenizer.encode(COUNT) and body["count"] == len(body["tokens"])
     assert body["max_model_len"] == server.client.info.max_model_len
@@ -69,11 +69,11 @@ def test_tokenize_vllm_bodies(server, http):
     assert body["tokens"] == tokenizer.encode(templated, add_special_tokens=False)
 
 
-def test_chat_tokenize(server, http):
+def test_chat_tokenize(server, http, default_tokenizer):
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
     body = http.post("/chat_tokenize", json={"model": "tgi", "messages": messages}).json()
-    tokenizer = server.client.tokenizer
+    tokenizer = default_tokenizer  # transformers' own, the reference
     expected = tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "Hi there"}],
                                              tokenize=False, add_generation_prompt=True)
