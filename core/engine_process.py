@@ -39,7 +39,6 @@ from .engine_channel import Channel, PipeChannel
 from .engine_environment import EnvironmentPrediction, missing_from_process
 from .engine_priority import serve_in_foreground, start_in_background
 from .engine_messages import ModelChecked, StartupFailed, StepStats, portable
-from .memory import map_large_allocations
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +123,6 @@ def main(argv: list[str]) -> None:
         if args.config.start_in_background and not restarted:  # kept by the re-exec below, as the affinity
             start_in_background()
         _settle_environment(args, pipe_fd, argv[4:6] if restarted else None)
-        map_large_allocations()  # before loading (core/memory.py)
         from .engine_loop import serve_engine
 
         if _check_model(channel, args.config):

@@ -1,4 +1,4 @@
-"""Giving memory freed during start-up and by large steps back to the OS.
+"""Giving memory freed during start-up back to the OS.
 
 Loading a model allocates and frees a lot on the C heap (a GGUF file's tensors repacked into
 kernel tiles, conversion temporaries, the warm-up's buffers). glibc keeps freed heap pages
@@ -8,14 +8,10 @@ RSS than it used: the default model's served engine, idle, 688 MB before and 611
 blocks are used). `malloc_trim(0)` hands every whole free page back; elsewhere (musl, macOS) there
 is no such call and nothing is done.
 
-glibc also serves a freed large block's size from the heap afterwards: its mmap threshold
-follows the largest block freed (up to 32 MB), so a long prompt's activations (tens of MB a
-layer) stay on the heap once freed, fragmented, resident for the process's life. Engines and
-shards fix the threshold at 1 MiB (`map_large_allocations`): every block that size or larger is
-its own mapping, handed back on free. Measured on the default model (2-core AMX Xeon): resident
-after loading 520 -> 473 MB, after a 1,400-token prompt 638 -> 573 MB; a fixed 4 MiB kept most
-of the waste (637 MB). A decode step's blocks are mostly smaller; the few larger (logits of a
-batch) pay their page faults, well under 1% of a step."""
+Not done: fixing glibc's mmap threshold low (1 MiB) so that a long prompt's freed activations
+leave the heap too. It saved ~50 MB after a 1,400-token prompt but made that prompt's prefill
+1.55x slower (0.99 -> 1.54 s: every activation paid its page faults); at 8 or 32 MiB it saved
+nothing."""
 from __future__ import annotations
 
 import ctypes
@@ -36,20 +32,6 @@ def status_kib(field: str, pid: int | str = "self", proc: str = "/proc") -> int 
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
-def map_large_allocations(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """glibc's mallopt(M_MMAP_THRESHOLD, threshold) on this process: blocks of `threshold` bytes
-    or more are mapped on their own and unmapped when freed. False where the C library has none."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return mallopt(M_MMAP_THRESHOLD, threshold) == 1
 
 
 def release_freed_memory() -> bool:

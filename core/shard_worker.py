@@ -21,7 +21,7 @@ from .distributed import broadcast_object, destroy_process_group, min_across_sha
 from .errors import ShardTerminated
 from .kv.sizing import with_usable_tokens
 from .loader import LoadedModel, choose_model, load_model
-from .memory import map_large_allocations, release_freed_memory
+from .memory import release_freed_memory
 from .models import check_shardable
 from .runner import ModelRunner
 from .scheduler_output import SchedulerOutput
@@ -77,7 +77,6 @@ def run_shard(shard: ShardInfo, config: EngineConfig, backend_name: str) -> None
     from .plugins import select_backend
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard {shard.rank} %(levelname)s %(message)s")
-    map_large_allocations()  # before loading, as the engine process (core/memory.py)
     model = build_shard_model(config, select_backend(backend_name), shard)
     release_freed_memory()  # what loading freed stays resident otherwise (core/memory.py)
     logger.info("shard %d of %d ready: %d KV blocks", shard.rank, shard.world_size, model.num_blocks)
