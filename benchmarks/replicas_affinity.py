@@ -1,7 +1,7 @@
 """Replicas and several models, measured (docs/deployment.md "Replicas", "Several models").
 
     python benchmarks/replicas_affinity.py affinity [--requests 64 --concurrency 8 --output-len 8]
-    python benchmarks/replicas_affinity.py models
+    python benchmarks/replicas_affinity.py models [--second-priority normal|background]
 
 affinity: for each routing (cache-aware, round-robin), `switchyard serve --data-parallel-size 2`
 (one core each on a 2-core machine) driven with the shared-prefix workload (8 system prompts of
@@ -9,7 +9,8 @@ affinity: for each routing (cache-aware, round-robin), `switchyard serve --data-
 the server's /metrics (hit tokens / looked-up tokens of these requests).
 models: two models behind one gateway (`--models`): the first's inter-token latency p99 while it
 streams alone, then while the second (cold) loads and answers a request, and that cold first
-request's latency. Each engine's KV cache is capped (--max-batch-total-tokens): 4096 tokens, and
+request's latency; the second model's `priority` is --second-priority. Each engine's KV cache is
+capped (--max-batch-total-tokens): 4096 tokens, and
 for the affinity runs --kv-tokens (6144: a replica's half of the prompts fits, all 8 do not)."""
 from __future__ import annotations
 
@@ -135,7 +136,8 @@ def models(args: argparse.Namespace) -> None:
 
     path = default_model_path()
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(f"- name: first\n  source: {path}\n- name: second\n  source: {path}\n")
+        f.write(f"- name: first\n  source: {path}\n"
+                f"- name: second\n  source: {path}\n  priority: {args.second_priority}\n")
     proc, url = _serve("--models", f.name)
     try:
         _wait(proc, url)
@@ -157,7 +159,8 @@ def models(args: argparse.Namespace) -> None:
         base = asyncio.run(alone())
         during, second, cold = asyncio.run(with_cold_second())
         warm, _, warm_latency = asyncio.run(with_cold_second())  # the second is loaded now: its answer alone
-        print(f"two models, 1 engine each sharing {os.cpu_count()} CPUs; the first streams {args.stream_len} tokens")
+        print(f"two models, 1 engine each sharing {os.cpu_count()} CPUs; the first streams {args.stream_len} tokens; "
+              f"the second's priority: {args.second_priority}")
         print(f"first's ITL p99 alone {_p99(base.itls) * 1000:.1f} ms; while the second loads and answers "
               f"{_p99(during.itls) * 1000:.1f} ms ({_p99(during.itls) / _p99(base.itls) - 1:+.0%}); while the "
               f"loaded second answers {_p99(warm.itls) * 1000:.1f} ms ({_p99(warm.itls) / _p99(base.itls) - 1:+.0%}, "
@@ -182,6 +185,8 @@ def main() -> None:
                    "the requests in flight), not for all 8, as a replica's cache is where traffic is spread")
     m = sub.add_parser("models")
     m.add_argument("--stream-len", type=int, default=256)
+    m.add_argument("--second-priority", choices=("normal", "background"), default="normal",
+                   help="the second model's `priority` in the models file (gateway/models_registry.py)")
     args = parser.parse_args()
     affinity(args) if args.what == "affinity" else models(args)
 

@@ -262,3 +262,7 @@ class EngineConfig:
     # the normal one: a model loaded on demand (gateway/models_registry.py) does not take the cores
     # of a model that is streaming beside it (core/engine_priority.py).
     start_in_background: bool = False
+    # ... and stays there once ready (a models file's `priority: background`): it computes only
+    # when the cores are otherwise free, so a model streaming beside it keeps its pace while it
+    # answers (and it answers slower while the other streams).
+    serve_in_background: bool = False

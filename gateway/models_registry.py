@@ -18,8 +18,12 @@ never stalls another's streams (they share the cores, not a step loop).
 
 The models file (YAML) is a list, or a mapping with a `models` list, of entries:
 `name` (required), `source` (a --model-id value; default: the name), `dtype`, `quantize`,
-`replicas` (--data-parallel-size), `shards` (--num-shard), `max_batch_total_tokens`; anything
-not given is the command line's.
+`replicas` (--data-parallel-size), `shards` (--num-shard), `max_batch_total_tokens`, `priority`;
+anything not given is the command line's. `priority: background` keeps a model's engine at idle
+CPU priority once loaded, not only while it loads: it computes only when the cores are otherwise
+free, so the models beside it keep their inter-token latency while it answers, at the cost of its
+own speed whenever they stream (core/engine_priority.py); `normal` (the default) shares the cores
+evenly once loaded.
 """
 from __future__ import annotations
 
@@ -48,7 +52,8 @@ logger = logging.getLogger("switchyard.models")
 # `model` values that mean "the default model" (gateway/openai/common.py's placeholders)
 _DEFAULT_NAMES = ("", "default", "tgi", "dummy")
 MODEL_HEADER = "x-model"  # TGI routes: the model named in this header, or in ?model=
-_FILE_KEYS = {"name", "source", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens"}
+_FILE_KEYS = {"name", "source", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens", "priority"}
+PRIORITIES = ("normal", "background")
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,8 @@ def add_model_flags(parser: argparse.ArgumentParser, environ) -> None:
     parser.set_defaults(extra_models=[])
     parser.add_argument("--models", default=environ.get("MODELS_FILE") or None,
                         help="a YAML file listing the models to serve (name, source, dtype, quantize, replicas, "
-                        "shards, max_batch_total_tokens); the first is the default [env: MODELS_FILE]")
+                        "shards, max_batch_total_tokens, priority: normal|background); the first is the default "
+                        "[env: MODELS_FILE]")
     parser.add_argument("--max-loaded-models", type=int, default=None,
                         help="most models loaded at once; another unloads the least recently used idle one "
                         "(default: all)")
@@ -256,7 +262,12 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
         cache = config.cache
         if "max_batch_total_tokens" in item:
             cache = replace(cache, num_blocks=int(item["max_batch_total_tokens"]) // cache.block_size + 1)
-        specs.append(ModelSpec(item["name"], replace(config, model=model, parallel=parallel, cache=cache),
+        priority = item.get("priority", "normal")
+        if priority not in PRIORITIES:
+            raise ValidationError(f"--models {path}: model {item['name']!r} has priority {priority!r} "
+                                  f"(one of: {', '.join(PRIORITIES)})")
+        specs.append(ModelSpec(item["name"], replace(config, model=model, parallel=parallel, cache=cache,
+                                                     serve_in_background=priority == "background"),
                                int(item.get("replicas", replicas))))
     return specs
 

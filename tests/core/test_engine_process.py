@@ -173,3 +173,38 @@ def test_a_start_up_error_comes_back_as_itself():
         assert client.startup_error is client.failure and not client.ready
     finally:
         asyncio.run(client.shutdown())
+
+
+def _policies(pid: int) -> set[int]:
+    """The scheduling policy of every thread of a process."""
+    policies = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            policies.add(os.sched_getscheduler(int(tid)))
+        except ProcessLookupError:
+            pass
+    return policies
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+@pytest.mark.parametrize("serve_in_background", [False, True])
+def test_an_engine_loaded_in_the_background_serves_at_the_priority_it_is_given(serve_in_background):
+    """Loaded on demand: at SCHED_IDLE while loading, then every thread back to normal, or (a
+    models file's `priority: background`) every thread left at SCHED_IDLE (core/engine_priority.py)."""
+    from dataclasses import replace
+
+    config = replace(TINY, start_in_background=True, serve_in_background=serve_in_background)
+    client = ProcessEngineClient(config)
+    client.start()
+    try:
+        async def run():
+            await client.wait_ready(timeout=600)
+            outs = await _collect(await client.add_request(_request("a", 4)))
+            assert outs[-1].finished
+
+        asyncio.run(run())
+        expected = os.SCHED_IDLE if serve_in_background else os.SCHED_OTHER
+        assert _policies(client.process.pid) == {expected}
+    finally:
+        asyncio.run(client.shutdown())

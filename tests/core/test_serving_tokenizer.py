@@ -15,7 +15,8 @@ from switchyard.core.config import ModelConfig
 from switchyard.core.loader import load_tokenizer
 from switchyard.core.serving_tokenizer import ServingTokenizer, gateway_tokenizer
 
-TEXTS = ["Hello world", "  leading and trailing spaces  ", "naïve café — 東京 🚀 emoji", "line\nbreaks\n\n\ttabs",
+TEXTS = ["Hello world", "  leading and trailing spaces  ", "naïve café — 東京 🚀 emoji",
+         "line\nbreaks\n\n\ttabs",
          "<|im_start|>user\nhi<|im_end|>", "<start_of_turn>model\n", "don't , stop . now ?", ""]
 
 
@@ -90,8 +91,9 @@ def test_model_templates_render_as_transformers_renders_them(pair, generation_pr
         assert render_chat(hf, messages, generation_prompt) == expected  # the in-process LLM's tokenizer
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Météo",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Météo",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 # what Hub templates use: tojson (non-ASCII kept, indent), namespace, loop controls, generation
 # blocks, the special tokens, raise_exception, strftime_now, dict(), a request's own variables
 FEATURES = """{{ bos_token }}{% set ns = namespace(n=0) %}{% if tools %}TOOLS {{ tools | tojson(indent=1) }}

@@ -125,6 +125,13 @@ def test_models_come_from_repeated_model_ids_or_a_file(tmp_path):
     assert small.name == "small" and small.config.model.model == "small" and small.replicas == 1
     assert big.config.model.model == "/m/big" and big.config.model.dtype == "bfloat16"
     assert big.replicas == 2 and big.config.parallel.tensor_parallel_size == 2 and big.config.cache.num_blocks == 65
+    assert not small.config.serve_in_background and not big.config.serve_in_background
+    models.write_text("- name: x\n- name: y\n  priority: background\n")
+    x, y = model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
+    assert not x.config.serve_in_background and y.config.serve_in_background
+    models.write_text("- name: x\n  priority: high\n")
+    with pytest.raises(ValidationError, match="priority 'high'.*normal, background"):
+        model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
     models.write_text("- name: x\n  gpu: 3\n")
     with pytest.raises(ValidationError, match="unknown keys gpu"):
         model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
