@@ -1,6 +1,17 @@
 """Model loading: one entry point, `load_model`, for every weight source
 (Hugging Face directory or cache name, GGUF file, the default model, dummy).
 
+It reads as a straight pipeline, each stage deciding once and handing its result down:
+1. `plan_load`: resolve the source (source.py), read the config, choose the code that runs the
+   model (models/__init__.py) and the quantization method its weights are served in
+   (quant/methods.py) - a `LoadPlan`, with no weight read;
+2. build the model on the backend's device, weights not loaded (`_build_model`);
+3. `open_weights`: one reader for the plan's format - the GGUF file's blocks packed
+   (gguf_packed.py) or dequantized (gguf_weights.py), a quantized Hub checkpoint's reader
+   (quant/hub), plain safetensors - and the model's `load_weights` takes what it yields;
+4. quantize at load where the method asks it (quant/apply.py), and fit the context.
+The backend's `prepare_model` (called by the engine after this) then packs for its kernels.
+
 With a sharded ShardInfo it builds this shard's slice of a tensor-parallel model
 (core/layers/parallel.py) whose collectives go through the given Communicator, and reads
 only this shard's slices of the safetensors files."""
@@ -9,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -87,12 +98,40 @@ def served_quantization(model_config: ModelConfig, sharded: bool = False,
                         backend_methods: tuple[str, ...] = ("gguf",)) -> tuple[str | None, str]:
     """(the method the weights are served in, why): methods.served_method over this model's
     source (a GGUF file, a checkpoint's quantization_config), --quantize and the methods the
-    backend serves. Cheap: the config only."""
+    backend serves. Cheap: a GGUF file's config is not read (its blocks decide)."""
     source = resolve_source(model_config)
-    gguf_file = source.gguf_file if source.load_format != "dummy" else None
-    config = None if gguf_file is not None or source.kind == "named" else load_config(source, model_config.trust_remote_code)
-    return served_method(model_config.quantize, gguf_file, checkpoint_quantization(config), sharded,
+    config = None if _gguf_file(source) is not None or source.kind == "named" else \
+        load_config(source, model_config.trust_remote_code)
+    return served_method(model_config.quantize, _gguf_file(source), checkpoint_quantization(config), sharded,
                          backend_methods)
+
+
+def _gguf_file(source: ModelSource) -> str | None:
+    """The GGUF file whose blocks the weights come from (None: not a GGUF, or dummy weights)."""
+    return source.gguf_file if source.load_format != "dummy" else None
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What loading decides before it reads a weight, each once, in this order."""
+
+    source: ModelSource  # where the weights come from
+    hf_config: Any  # the model's config (transformers' PretrainedConfig)
+    choice: ModelChoice  # the code that runs it (the build may hand it to the fallback)
+    quantize: str | None  # the method its weights are served in (quant/methods.py)
+    dtype: torch.dtype
+
+
+def plan_load(model_config: ModelConfig, backend_methods: tuple[str, ...] = ("gguf",),
+              shard: ShardInfo = SINGLE_SHARD) -> LoadPlan:
+    """The source, the config, the model's code and the served quantization; refuses (one
+    line) a model no path runs, a shard count its heads do not divide, or a method the
+    backend does not serve. Reads no weight."""
+    source, hf_config, choice = choose_model(model_config)
+    quantize, _ = served_method(model_config.quantize, _gguf_file(source), checkpoint_quantization(hf_config),
+                                shard.sharded, backend_methods)
+    check_shardable(hf_config, shard.world_size)
+    return LoadPlan(source, hf_config, choice, quantize, torch_dtype(model_config.dtype))
 
 
 def load_model(model_config: ModelConfig, backend: BackendInterface, block_size: int, shard: ShardInfo = SINGLE_SHARD,
@@ -100,30 +139,28 @@ def load_model(model_config: ModelConfig, backend: BackendInterface, block_size:
     """The model on the backend's device, weights loaded, eval mode. shard.sharded: this
     shard's slice (its heads, MLP and vocabulary slices; attention_spec with its head
     counts), collectives through `communicator`; the logits stay [N, vocab] on every shard."""
-    quantize = served_quantization(model_config, shard.sharded, backend.capabilities().quantizations)[0]
-    model_config = replace(model_config, quantize=quantize)
-    source, hf_config, choice = choose_model(model_config)
-    dtype = torch_dtype(model_config.dtype)
-    check_shardable(hf_config, shard.world_size)
+    plan = plan_load(model_config, backend.capabilities().quantizations, shard)
     tp = TensorParallel(shard.rank, shard.world_size, communicator) if shard.sharded else TensorParallel()
-    model, choice = _build_model(choice, hf_config, model_config.model_impl, backend, block_size, dtype, tp)
+    model, choice = _build_model(plan.choice, plan.hf_config, model_config.model_impl, backend, block_size,
+                                 plan.dtype, tp)
     logger.info("model %s%s", choice.describe(), f", shard {shard.rank} of {shard.world_size}" if tp.sharded else "")
-    if source.load_format == "dummy":
+    if plan.source.load_format == "dummy":
         fill_dummy_weights(model, model_config.seed, per_name=tp.sharded)
     else:
-        _load_checkpoint(model, source, hf_config, lazy=tp.sharded, packed_gguf=quantize == "gguf")
-    prequantized = detect(checkpoint_quantization(hf_config)) is not None  # its own layers only
-    if quantize in QUANTIZE_AT_LOAD and not prequantized and \
-            quantize_model(model, quantize, head=model.output_head()) == 0:
-        raise QuantizeError(f"--quantize {quantize}: model {choice.describe()} has no linear this engine quantizes")
+        _read_weights(model, *open_weights(plan, lazy=tp.sharded), plan.source.path)
+    prequantized = detect(checkpoint_quantization(plan.hf_config)) is not None  # its own layers only
+    if plan.quantize in QUANTIZE_AT_LOAD and not prequantized and \
+            quantize_model(model, plan.quantize, head=model.output_head()) == 0:
+        raise QuantizeError(f"--quantize {plan.quantize}: model {choice.describe()} has no linear this engine "
+                            "quantizes")
     model.eval()
     specs = tuple(model.attention_specs)
-    max_model_len = _max_model_len(model_config, hf_config)
+    max_model_len = _max_model_len(model_config, plan.hf_config)
     model.fit_context(max_model_len)  # e.g. longrope picks its factors for the served context
-    return LoadedModel(model=model, hf_config=hf_config, attention_spec=specs[0], attention_specs=specs,
-                       num_layers=len(specs), eos_token_ids=_eos_token_ids(source, hf_config),
-                       max_model_len=max_model_len,
-                       vocab_size=hf_config.vocab_size, dtype=dtype, source=source, model_impl=choice.impl)
+    return LoadedModel(model=model, hf_config=plan.hf_config, attention_spec=specs[0], attention_specs=specs,
+                       num_layers=len(specs), eos_token_ids=_eos_token_ids(plan.source, plan.hf_config),
+                       max_model_len=max_model_len, vocab_size=plan.hf_config.vocab_size, dtype=plan.dtype,
+                       source=plan.source, model_impl=choice.impl)
 
 
 def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: BackendInterface, block_size: int,
@@ -168,28 +205,31 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
     return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
 
 
-def _load_checkpoint(model: nn.Module, source: ModelSource, hf_config: Any, lazy: bool = False,
-                     packed_gguf: bool = False) -> None:
-    """One weights reader for the source's format: the GGUF file's blocks packed (packed_gguf,
-    gguf_packed.py) or dequantized per tensor (gguf_weights.py), a quantized Hub checkpoint's
-    reader (core/quant/hub), or plain safetensors (lazy: each shard reads only its slices)."""
-    if packed_gguf:
+def open_weights(plan: LoadPlan, lazy: bool = False) -> tuple[Iterable, int]:
+    """(the weights, how many): one reader for the plan's format - the GGUF file's blocks packed
+    (`gguf` served, gguf_packed.py) or dequantized per tensor (gguf_weights.py), a quantized Hub
+    checkpoint's reader (core/quant/hub), or plain safetensors (lazy: each shard reads only its
+    slices). Each yields (Hugging Face name, tensor or QuantizedWeight)."""
+    source, hf_config = plan.source, plan.hf_config
+    if plan.quantize == "gguf":
         weights = GGUFPackedWeights(source.gguf_file, hf_config, source.metadata)
-        total = len(weights)
-    elif source.kind == "gguf":
-        weights: Iterable = GGUFWeights(source.path, hf_config, source.metadata)
-        total = len(weights)
-    elif (reader := weights_reader(checkpoint_quantization(hf_config))) is not None:  # core/quant/hub
+        return weights, len(weights)
+    if source.kind == "gguf":
+        weights = GGUFWeights(source.path, hf_config, source.metadata)
+        return weights, len(weights)
+    if (reader := weights_reader(checkpoint_quantization(hf_config))) is not None:
         weights = reader(safetensors_files(source.path), hf_config.quantization_config)
-        total = len(weights)
-    else:
-        files = safetensors_files(source.path)
-        weights, total = iterate_safetensors(files, lazy), count_safetensors_weights(files)
+        return weights, len(weights)
+    files = safetensors_files(source.path)
+    return iterate_safetensors(files, lazy), count_safetensors_weights(files)
+
+
+def _read_weights(model: nn.Module, weights: Iterable, total: int, path: str) -> None:
     with torch.no_grad():
         loaded = model.load_weights(_progress(weights, total))
     missing = sorted(set(dict(model.named_parameters())) - loaded)
     if missing:
-        raise ValueError(f"{source.path!r} lacks {len(missing)} weights of the model, e.g. {missing[:5]}")
+        raise ValueError(f"{path!r} lacks {len(missing)} weights of the model, e.g. {missing[:5]}")
 
 
 def _progress(weights: Iterable, total: int) -> Iterable:
@@ -234,6 +274,7 @@ def model_path_report(model: str | None, model_impl: str = "auto", trust_remote_
     return "\n".join(lines)
 
 
-__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadedModel", "ModelChoice", "ModelNotFoundError", "ModelSource",
+__all__ = ["DTYPES", "NAMED_CONFIGS", "LoadPlan", "LoadedModel", "ModelChoice", "ModelNotFoundError", "ModelSource",
            "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_model",
-           "load_tokenizer", "model_path_report", "named_config", "resolve_source", "torch_dtype"]
+           "load_tokenizer", "model_path_report", "named_config", "open_weights", "plan_load", "resolve_source",
+           "torch_dtype"]
