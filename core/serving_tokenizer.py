@@ -13,6 +13,7 @@ Each method gives what the transformers tokenizer gives for the same call (tests
 test_serving_tokenizer.py compares them)."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # transformers' clean_up_tokenization (for WordPiece-style tokenizers that set it)
@@ -21,33 +22,45 @@ _CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (
 
 
 class ServingTokenizer:
+    """Built from the tokenizer's JSON (`tokenizers`' own serialization); the Rust tokenizer is
+    made on first use, so the engine that builds one to hand over never holds a second copy."""
+
     is_fast = True
 
-    def __init__(self, backend, chat_template: str | dict | None, special_tokens_map: dict[str, Any],
-                 all_special_ids: list[int], clean_up_spaces: bool = False):
-        self.backend_tokenizer = backend
+    def __init__(self, tokenizer_json: str, chat_template: str | dict | None, special_tokens_map: dict[str, Any],
+                 all_special_ids: list[int], clean_up_spaces: bool = False, split_special_tokens: bool = False):
+        self.tokenizer_json = tokenizer_json
         self.chat_template = chat_template
         self.special_tokens_map = dict(special_tokens_map)
         self.all_special_ids = list(all_special_ids)
         self.clean_up_spaces = clean_up_spaces
+        self.split_special_tokens = split_special_tokens
 
     @classmethod
     def from_transformers(cls, tokenizer) -> ServingTokenizer:
-        """The same tokenizer, from a transformers fast tokenizer (its backend copied, with no
-        truncation or padding, as transformers encodes a single text)."""
-        from tokenizers import Tokenizer
-
-        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-        backend.no_truncation()
-        backend.no_padding()
-        backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+        """The same tokenizer, from a transformers fast tokenizer."""
+        backend = tokenizer.backend_tokenizer
         # transformers skips the clean-up for BPE models unless forced: it strips real spaces there
         clean_up = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False)) and (
             type(backend.model).__name__ != "BPE"
             or bool(getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
                             False)))
-        return cls(backend, tokenizer.chat_template, tokenizer.special_tokens_map, tokenizer.all_special_ids,
-                   clean_up)
+        return cls(backend.to_str(), tokenizer.chat_template, tokenizer.special_tokens_map,
+                   tokenizer.all_special_ids, clean_up, bool(getattr(tokenizer, "split_special_tokens", False)))
+
+    @functools.cached_property
+    def backend_tokenizer(self):
+        """The Rust tokenizer, with no truncation or padding, as transformers encodes one text."""
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(self.tokenizer_json)
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = self.split_special_tokens
+        return backend
+
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "backend_tokenizer"}
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)

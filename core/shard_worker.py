@@ -21,7 +21,7 @@ from .distributed import broadcast_object, destroy_process_group, min_across_sha
 from .errors import ShardTerminated
 from .kv.sizing import with_usable_tokens
 from .loader import LoadedModel, choose_model, load_model
-from .memory import release_freed_memory
+from .memory import drop_mapped_weight_pages, release_freed_memory
 from .models import check_shardable
 from .runner import ModelRunner
 from .scheduler_output import SchedulerOutput
@@ -62,6 +62,7 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
     loaded = load_model(config.model, backend, config.cache.block_size, shard=shard,
                         communicator=backend.communicator() if shard.sharded else None)
     backend.prepare_model(loaded, config)
+    drop_mapped_weight_pages()  # what packing read of a still-mapped file (a GGUF embedding's rows) leaves RSS
     backend.profile_run(loaded, config)
     num_blocks = num_kv_blocks_for(with_usable_tokens(config.cache, config.scheduler.max_num_seqs,
                                                       loaded.max_model_len), loaded, backend)
