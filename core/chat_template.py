@@ -12,7 +12,7 @@ for, transformers' `apply_chat_template`: a sandbox with trim_blocks and lstrip_
 controls, `{% generation %}` blocks, a `tojson` that keeps non-ASCII text, `raise_exception`,
 `strftime_now`, and the tokenizer's special tokens (`bos_token`...) as variables. Messages
 lose their None-valued keys, and a reasoning text is offered under each name templates read
-(`reasoning_content`, `thinking`), as transformers does; tests/core/test_chat_template.py
+(`reasoning_content`, `thinking`), as transformers does; tests/core/test_serving_tokenizer.py
 checks the prompts against transformers'."""
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ their pace while it imports torch, maps and packs its weights and warms up. Once
 returns every one of its threads (OpenMP's included, which inherited the policy) to the normal
 policy, unless its model is configured to serve in the background (a models file's `priority:
 background`, EngineConfig.serve_in_background): then it stays at SCHED_IDLE and answers in the
-gaps the other engines leave. Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of 20 (systemd's LimitNICE=);
-without either the engine stays at idle priority, served only when the cores are free, and says
-so once."""
+gaps the other engines leave. Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of 20
+(systemd's LimitNICE=); without either the engine stays at idle priority, served only when the
+cores are free, and says so once."""
 from __future__ import annotations
 
 import logging

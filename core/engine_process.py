@@ -120,16 +120,15 @@ def main(argv: list[str]) -> None:
             args.log_setup()
         if args.config.parallel.cpus is not None and not restarted:  # kept by the re-exec below
             os.sched_setaffinity(0, args.config.parallel.cpus)
-        background = args.config.start_in_background or args.config.serve_in_background
-        if background and not restarted:  # kept by the re-exec below, as the affinity
+        idle = args.config.start_in_background or args.config.serve_in_background  # core/engine_priority.py
+        if idle and not restarted:  # kept by the re-exec below, as the affinity
             start_in_background()
         _settle_environment(args, pipe_fd, argv[4:6] if restarted else None)
         from .engine_loop import serve_engine
 
         if _check_model(channel, args.config):
             serve_engine(channel, lambda: build_engine(args.config), args.warm_up, args.config.tracing,
-                         on_ready=serve_in_foreground if background and not args.config.serve_in_background
-                         else None)
+                         on_ready=serve_in_foreground if idle and not args.config.serve_in_background else None)
     except EOFError:
         pass  # the gateway went away before we started
     finally:

@@ -1,4 +1,5 @@
-"""Giving memory freed during start-up back to the OS.
+"""Giving memory freed during start-up back to the OS: the heap pages loading freed, and the
+resident pages of weight files that stay mapped (a GGUF embedding is read from its file).
 
 Loading a model allocates and frees a lot on the C heap (a GGUF file's tensors repacked into
 kernel tiles, conversion temporaries, the warm-up's buffers). glibc keeps freed heap pages

@@ -103,7 +103,7 @@ class ServingTokenizer:
 def gateway_tokenizer(tokenizer):
     """What the engine hands the gateway: a ServingTokenizer of a fast tokenizer, else the
     tokenizer itself (None stays None)."""
-    if tokenizer is None or isinstance(tokenizer, ServingTokenizer) or \
-            getattr(tokenizer, "backend_tokenizer", None) is None or not getattr(tokenizer, "is_fast", False):
+    if tokenizer is None or getattr(tokenizer, "backend_tokenizer", None) is None or \
+            not getattr(tokenizer, "is_fast", False):
         return tokenizer
     return ServingTokenizer.from_transformers(tokenizer)

@@ -100,10 +100,10 @@ def served_quantization(model_config: ModelConfig, sharded: bool = False,
     source (a GGUF file, a checkpoint's quantization_config), --quantize and the methods the
     backend serves. Cheap: a GGUF file's config is not read (its blocks decide)."""
     source = resolve_source(model_config)
-    config = None if _gguf_file(source) is not None or source.kind == "named" else \
+    gguf_file = _gguf_file(source)
+    config = None if gguf_file is not None or source.kind == "named" else \
         load_config(source, model_config.trust_remote_code)
-    return served_method(model_config.quantize, _gguf_file(source), checkpoint_quantization(config), sharded,
-                         backend_methods)
+    return served_method(model_config.quantize, gguf_file, checkpoint_quantization(config), sharded, backend_methods)
 
 
 def _gguf_file(source: ModelSource) -> str | None:
