@@ -21,7 +21,7 @@ from collections import deque
 import torch
 
 from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error, token_words
-from .schema_support import OUTLINES_UNSUPPORTED, check_schema_support
+from .schema_support import OUTLINES_UNSUPPORTED, check_schema_support, strict_formats
 from .spec import GrammarSpec
 from .vocabulary import token_byte_map
 
@@ -159,7 +159,7 @@ class OutlinesCompiler(GrammarCompiler):
             if spec.kind == "regex":
                 regex = strip_anchors(spec.value)
             else:
-                schema = spec.value if spec.kind == "json_schema" else json.dumps({"type": "object"})
+                schema = strict_formats(spec) if spec.kind == "json_schema" else json.dumps({"type": "object"})
                 regex = build_regex_from_schema(schema, whitespace_pattern=_WHITESPACE)
             index = outlines_core.Index(f"({regex}){SENTINEL}", self._vocabulary)
         except (RuntimeError, ValueError, TypeError) as exc:

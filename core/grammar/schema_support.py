@@ -1,12 +1,17 @@
-"""JSON Schema keywords a grammar backend would silently ignore, refused up front.
+"""What a grammar backend would get wrong in a JSON Schema, settled before it compiles.
 
 A backend that drops a keyword (xgrammar ignores `not`; outlines-core ignores numeric
 bounds) compiles the schema anyway, and the output then need not satisfy it. Such a
 schema is refused with a GrammarError naming the keyword and where it stands, so the
 client learns at once instead of getting JSON that fails its own validation.
+
+A backend whose regex for a `format` is looser than the format itself (both accept the
+IPv4 address "192.08.0.1" and the date "2023-02-31"; outlines' date-time needs no UTC
+offset) is given the exact pattern instead: `strict_formats` rewrites those formats.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 
 from .spec import GrammarError, GrammarSpec
@@ -37,6 +42,35 @@ OUTLINES_UNSUPPORTED: Unsupported = {
     **{name: None for name in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
                                "minProperties", "maxProperties", "propertyNames")},
 }
+
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_YEAR = r"([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999, as ISO dates allow
+_DATE = (rf"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+# format -> the pattern that matches exactly its valid strings (RFC 3339 for dates and times)
+STRICT_FORMATS = {
+    "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
+    "date": rf"^{_DATE}$",
+    "time": rf"^{_TIME}$",
+    "date-time": rf"^{_DATE}T{_TIME}$",
+}
+
+
+def strict_formats(spec: GrammarSpec) -> str:
+    """`spec`'s schema text with each loosely compiled `format` (STRICT_FORMATS) replaced
+    by its exact `pattern`; a schema that already has a pattern keeps both as they are."""
+    schema = json.loads(spec.value)
+    changed = False
+    for _, sub in _subschemas(schema, "#"):
+        pattern = STRICT_FORMATS.get(sub.get("format")) if isinstance(sub.get("format"), str) else None
+        if pattern is not None and "pattern" not in sub:
+            del sub["format"]
+            sub["pattern"] = pattern
+            changed = True
+    return json.dumps(schema, separators=(",", ":")) if changed else spec.value
 
 
 def check_schema_support(spec: GrammarSpec, unsupported: Unsupported, backend: str) -> None:

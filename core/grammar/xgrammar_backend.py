@@ -6,7 +6,7 @@ import json
 import torch
 
 from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error
-from .schema_support import XGRAMMAR_UNSUPPORTED, check_schema_support
+from .schema_support import XGRAMMAR_UNSUPPORTED, check_schema_support, strict_formats
 from .spec import GrammarSpec
 
 # Compact JSON: no free whitespace between tokens. Small models given the freedom
@@ -99,7 +99,7 @@ class XGrammarCompiler(GrammarCompiler):
         check_schema_support(spec, XGRAMMAR_UNSUPPORTED, self.name)
         try:
             if spec.kind == "json_schema":
-                compiled = self._compiler.compile_json_schema(spec.value, **_COMPACT)
+                compiled = self._compiler.compile_json_schema(strict_formats(spec), **_COMPACT)
             elif spec.kind == "json_object":
                 # Any object (not any JSON value), extra properties allowed, still compact.
                 compiled = self._compiler.compile_json_schema(json.dumps({"type": "object"}), strict_mode=False,

@@ -256,3 +256,46 @@ def test_outlines_core_itself_still_drops_those_tokens(default_tokenizer):
     index = outlines_core.Index(r"[0-9]+(\.[0-9]+)?", vocabulary)
     three, dot = (default_tokenizer.encode(c, add_special_tokens=False)[0] for c in "3.")
     assert index.get_next_state(index.get_next_state(index.get_initial_state(), three), dot) is None
+
+
+# -- formats a backend compiles loosely are given their exact pattern -------------------------------
+def _format_cases() -> list[tuple[str, str]]:
+    dates = [f"{y:04d}-{m:02d}-{d:02d}" for y in (0, 1, 100, 1900, 1996, 2000, 2023, 2024, 9999)
+             for m in range(0, 14) for d in range(0, 33)]
+    octets = ("0", "00", "01", "9", "10", "99", "100", "199", "200", "249", "250", "255", "256", "300", "010")
+    times = ["12:30:00Z", "23:59:59+05:30", "24:00:00Z", "12:30:00", "12:30:00.123Z", "12:60:00Z", "23:59:60Z",
+             "07:05:09-24:00", "07:05:09-23:59"]
+    return ([("date", s) for s in dates] + [("ipv4", f"{o}.1.22.{o}") for o in octets]
+            + [("time", s) for s in times] + [("date-time", f"{d}T{t}") for d in ("2024-02-29", "2023-02-29")
+                                                for t in times])
+
+
+def test_strict_format_patterns_match_exactly_what_json_schema_validators_accept():
+    import re
+
+    from jsonschema import Draft202012Validator
+
+    from switchyard.core.grammar.schema_support import STRICT_FORMATS
+
+    checker = Draft202012Validator.FORMAT_CHECKER
+    for name, text in _format_cases():
+        assert bool(re.fullmatch(STRICT_FORMATS[name], text)) == checker.conforms(text, name), (name, text)
+
+
+def _accepts(compiler, tokenizer, spec, text) -> bool:
+    matcher = compiler.compile(spec).new_matcher()
+    return all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False)) \
+        and matcher.can_terminate
+
+
+@pytest.mark.parametrize("fmt, good, bad", [("ipv4", "192.8.0.181", "192.08.0.181"),
+                                            ("date", "2024-02-29", "2023-02-29"),
+                                            ("date-time", "2024-04-30T10:00:00Z", "2024-04-31T10:00:00Z"),
+                                            ("time", "10:00:00+01:00", "10:00:00")])
+def test_both_backends_refuse_what_a_format_forbids(compiler, default_tokenizer, fmt, good, bad):
+    """Both backends' own regexes accept "192.08.0.181" and February 31st (outlines' times
+    need no offset); the compiled schema holds the format's exact pattern instead."""
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"v": {"type": "string", "format": fmt}},
+                                    "required": ["v"], "additionalProperties": False})
+    assert _accepts(compiler, default_tokenizer, spec, f'{{"v":"{good}"}}')
+    assert not _accepts(compiler, default_tokenizer, spec, f'{{"v":"{bad}"}}')
