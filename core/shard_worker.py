@@ -61,6 +61,7 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
         config = broadcast_object(config if shard.rank == 0 else None)
     loaded = load_model(config.model, backend, config.cache.block_size, shard=shard,
                         communicator=backend.communicator() if shard.sharded else None)
+    drop_mapped_weight_pages()  # what reading read: a copied matrix's (a fused projection's) pages
     backend.prepare_model(loaded, config)
     drop_mapped_weight_pages()  # what packing read of a still-mapped file (a GGUF embedding's rows) leaves RSS
     backend.profile_run(loaded, config)

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from switchyard.core.memory import drop_mapped_weight_pages, release_freed_memory, status_kib
+from switchyard.core.memory import MappedWeightPages, drop_mapped_weight_pages, release_freed_memory, status_kib
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
@@ -26,7 +26,6 @@ def test_freed_heap_pages_are_returned_to_the_os():
     after = status_kib("VmRSS") / 1024
     libc.free(blocks[-1])
     assert before - after > 50, (before, after)  # ~100 MB were freed
-
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="/proc and madvise")
@@ -49,3 +48,29 @@ def test_mapped_weight_file_pages_leave_the_resident_set_and_stay_readable(tmp_p
         assert mapped[size - 1] == 255 and mapped[4097] == 1
     finally:
         mapped.close()
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="/proc and madvise")
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_one_mapped_tensor_pages_are_dropped_and_anonymous_memory_is_never_touched(tmp_path):
+    """A backend drops each weight's file pages once it has repacked it: only that tensor's
+    pages leave (read back unchanged later), and a tensor outside a weight file (anonymous
+    memory, which DONTNEED would zero) is left as it is."""
+    import numpy as np
+    import torch
+
+    path = tmp_path / "weights.gguf"
+    size = 64 << 20
+    path.write_bytes(bytes(range(256)) * (size // 256))
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    first, second = (torch.from_numpy(mapped[i * size // 2:(i + 1) * size // 2]) for i in range(2))
+    anonymous = torch.full((size // 2,), 7, dtype=torch.uint8)
+    pages = MappedWeightPages()
+    assert int(first.sum()) == int(second.sum())  # both halves resident
+    before = status_kib("RssFile")
+    assert pages.drop(first) >= size // 2
+    middle = status_kib("RssFile")
+    assert before - middle > 24 * 1024, (before, middle)
+    assert pages.drop(anonymous) == 0 and bool((anonymous == 7).all())
+    assert status_kib("RssFile") - middle < 1024  # the second half stayed resident
+    assert first[4097].item() == 1 and second[-1].item() == 255
