@@ -1,7 +1,7 @@
 """Replicas and several models, measured (docs/deployment.md "Replicas", "Several models").
 
     python benchmarks/replicas_affinity.py affinity [--requests 64 --concurrency 8 --output-len 8]
-    python benchmarks/replicas_affinity.py models [--second-priority normal|background]
+    python benchmarks/replicas_affinity.py models [--second-priority normal|background] [--pin]
 
 affinity: for each routing (cache-aware, round-robin), `switchyard serve --data-parallel-size 2`
 (one core each on a 2-core machine) driven with the shared-prefix workload (8 system prompts of
@@ -9,7 +9,8 @@ affinity: for each routing (cache-aware, round-robin), `switchyard serve --data-
 the server's /metrics (hit tokens / looked-up tokens of these requests).
 models: two models behind one gateway (`--models`): the first's inter-token latency p99 while it
 streams alone, then while the second (cold) loads and answers a request, and that cold first
-request's latency; the second model's `priority` is --second-priority. Each engine's KV cache is
+request's latency; the second model's `priority` is --second-priority; --pin gives each model its
+own half of the CPUs (the models file's `cpus`). Each engine's KV cache is
 capped (--max-batch-total-tokens): 4096 tokens, and
 for the affinity runs --kv-tokens (6144: a replica's half of the prompts fits, all 8 do not)."""
 from __future__ import annotations
@@ -30,6 +31,7 @@ import httpx
 
 from switchyard.gateway.bench.loadgen import drive, make_client, stream_one
 from switchyard.gateway.bench.workload import chat_bodies, chat_body
+from switchyard.gateway.replicas import split_cpus
 
 
 def _free_port() -> int:
@@ -135,9 +137,11 @@ def models(args: argparse.Namespace) -> None:
     from switchyard.core.loader import default_model_path
 
     path = default_model_path()
+    halves = split_cpus(os.sched_getaffinity(0), 2) if args.pin else None
+    pins = [f"  cpus: {','.join(map(str, half))}\n" for half in halves] if halves else ["", ""]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(f"- name: first\n  source: {path}\n"
-                f"- name: second\n  source: {path}\n  priority: {args.second_priority}\n")
+        f.write(f"- name: first\n  source: {path}\n{pins[0]}"
+                f"- name: second\n  source: {path}\n  priority: {args.second_priority}\n{pins[1]}")
     proc, url = _serve("--models", f.name)
     try:
         _wait(proc, url)
@@ -159,7 +163,9 @@ def models(args: argparse.Namespace) -> None:
         base = asyncio.run(alone())
         during, second, cold = asyncio.run(with_cold_second())
         warm, _, warm_latency = asyncio.run(with_cold_second())  # the second is loaded now: its answer alone
-        print(f"two models, 1 engine each sharing {os.cpu_count()} CPUs; the first streams {args.stream_len} tokens; "
+        where = f"on CPUs {' and '.join(','.join(map(str, h)) for h in halves)}" if halves else \
+            f"sharing {os.cpu_count()} CPUs"
+        print(f"two models, 1 engine each {where}; the first streams {args.stream_len} tokens; "
               f"the second's priority: {args.second_priority}")
         print(f"first's ITL p99 alone {_p99(base.itls) * 1000:.1f} ms; while the second loads and answers "
               f"{_p99(during.itls) * 1000:.1f} ms ({_p99(during.itls) / _p99(base.itls) - 1:+.0%}); while the "
@@ -187,6 +193,7 @@ def main() -> None:
     m.add_argument("--stream-len", type=int, default=256)
     m.add_argument("--second-priority", choices=("normal", "background"), default="normal",
                    help="the second model's `priority` in the models file (gateway/models_registry.py)")
+    m.add_argument("--pin", action="store_true", help="each model on its own half of the CPUs (`cpus`)")
     args = parser.parse_args()
     affinity(args) if args.what == "affinity" else models(args)
 

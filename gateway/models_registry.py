@@ -18,18 +18,21 @@ never stalls another's streams (they share the cores, not a step loop).
 
 The models file (YAML) is a list, or a mapping with a `models` list, of entries:
 `name` (required), `source` (a --model-id value; default: the name), `dtype`, `quantize`,
-`replicas` (--data-parallel-size), `shards` (--num-shard), `max_batch_total_tokens`, `priority`;
-anything not given is the command line's. `priority: background` keeps a model's engine at idle
-CPU priority once loaded, not only while it loads: it computes only when the cores are otherwise
-free, so the models beside it keep their inter-token latency while it answers, at the cost of its
-own speed whenever they stream (core/engine_priority.py); `normal` (the default) shares the cores
-evenly once loaded.
+`replicas` (--data-parallel-size), `shards` (--num-shard), `max_batch_total_tokens`, `priority`,
+`cpus`; anything not given is the command line's. `priority: background` keeps a model's engine
+at idle CPU priority once loaded, not only while it loads: it computes only when the cores are
+otherwise free, so the models beside it keep their inter-token latency while it answers, at the
+cost of its own speed whenever they stream (core/engine_priority.py); `normal` (the default)
+shares the cores evenly once loaded. `cpus` ("0-3,6" as taskset writes it, or a list) gives a
+model's engine (its replicas split them) only those logical CPUs: models on disjoint cores
+disturb each other least, each at the speed of its own cores.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -52,7 +55,8 @@ logger = logging.getLogger("switchyard.models")
 # `model` values that mean "the default model" (gateway/openai/common.py's placeholders)
 _DEFAULT_NAMES = ("", "default", "tgi", "dummy")
 MODEL_HEADER = "x-model"  # TGI routes: the model named in this header, or in ?model=
-_FILE_KEYS = {"name", "source", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens", "priority"}
+_FILE_KEYS = {"name", "source", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens", "priority",
+              "cpus"}
 PRIORITIES = ("normal", "background")
 
 
@@ -212,8 +216,8 @@ def add_model_flags(parser: argparse.ArgumentParser, environ) -> None:
     parser.set_defaults(extra_models=[])
     parser.add_argument("--models", default=environ.get("MODELS_FILE") or None,
                         help="a YAML file listing the models to serve (name, source, dtype, quantize, replicas, "
-                        "shards, max_batch_total_tokens, priority: normal|background); the first is the default "
-                        "[env: MODELS_FILE]")
+                        "shards, max_batch_total_tokens, priority: normal|background, cpus: \"0-3\"); the first "
+                        "is the default [env: MODELS_FILE]")
     parser.add_argument("--max-loaded-models", type=int, default=None,
                         help="most models loaded at once; another unloads the least recently used idle one "
                         "(default: all)")
@@ -259,6 +263,8 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
                         quantize=item.get("quantize", config.model.quantize))
         shards = int(item.get("shards", config.parallel.tensor_parallel_size))
         parallel = replace(config.parallel, tensor_parallel_size=shards)
+        if "cpus" in item:
+            parallel = replace(parallel, cpus=parse_cpus(item["cpus"], f"--models {path}: model {item['name']!r}"))
         cache = config.cache
         if "max_batch_total_tokens" in item:
             cache = replace(cache, num_blocks=int(item["max_batch_total_tokens"]) // cache.block_size + 1)
@@ -270,6 +276,32 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
                                                      serve_in_background=priority == "background"),
                                int(item.get("replicas", replicas))))
     return specs
+
+
+def parse_cpus(value, where: str) -> tuple[int, ...]:
+    """A CPU list as taskset and cgroups write it ("0-3,6") or a list of ints: sorted logical
+    CPUs, each one this server may run on."""
+    try:
+        if isinstance(value, int) and not isinstance(value, bool):
+            cpus = {value}
+        elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            cpus = set(value)
+        elif isinstance(value, str):
+            cpus = set()
+            for part in value.replace(" ", "").split(","):
+                low, _, high = part.partition("-")
+                cpus.update(range(int(low), int(high or low) + 1))
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValidationError(f"{where}: cpus {value!r} is not a CPU list (\"0-3,6\" or [0, 1])") from None
+    if not hasattr(os, "sched_getaffinity"):
+        raise ValidationError(f"{where}: cpus needs an OS with CPU affinity (Linux)")
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise ValidationError(f"{where}: cpus {value!r} must be among the CPUs this server may use "
+                              f"({','.join(map(str, sorted(allowed)))})")
+    return tuple(sorted(cpus))
 
 
 def install_models(app, specs: list[ModelSpec], args: argparse.Namespace,

@@ -72,8 +72,9 @@ def split_cpus(cpus: Sequence[int], n: int) -> list[tuple[int, ...]]:
 
 
 def replica_configs(config: EngineConfig, n: int, cpus: Sequence[int] | None = None) -> list[EngineConfig]:
-    """One EngineConfig per replica: the same model, each on its own cores."""
-    cpus = os.sched_getaffinity(0) if cpus is None else cpus
+    """One EngineConfig per replica: the same model, each on its own share of `cpus` (default: the
+    model's own, config.parallel.cpus, else every CPU this server may use)."""
+    cpus = cpus if cpus is not None else config.parallel.cpus or os.sched_getaffinity(0)
     return [replace(config, parallel=replace(config.parallel, cpus=cpu_set)) for cpu_set in split_cpus(cpus, n)]
 
 

@@ -5,6 +5,7 @@ X-Model header, a cold model loaded on first use, an unknown model's 404)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -141,9 +142,30 @@ def test_models_come_from_repeated_model_ids_or_a_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_a_model_may_be_given_its_own_cpus_and_its_replicas_split_them(tmp_path, monkeypatch):
+    """`cpus` (taskset's "0-3,6" or a list) becomes the model's EngineConfig.parallel.cpus, which
+    its engine process takes as its affinity; replicas split the model's set, not the machine's."""
+    from switchyard.gateway.replicas import replica_configs
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    parser, models = build_parser({}), tmp_path / "models.yaml"
+    models.write_text("- name: x\n- name: y\n  cpus: 1-3,6\n  replicas: 2\n- name: z\n  cpus: [7]\n")
+    x, y, z = model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
+    assert x.config.parallel.cpus is None and y.config.parallel.cpus == (1, 2, 3, 6) and z.config.parallel.cpus == (7,)
+    assert [c.parallel.cpus for c in replica_configs(y.config, y.replicas)] == [(1, 2), (3, 6)]
+    for bad, words in (("8", "among the CPUs this server may use"), ("2-x", "not a CPU list"), ("[]", "among"),
+                       ("true", "not a CPU list")):
+        models.write_text(f"- name: x\n  cpus: {bad}\n")
+        with pytest.raises(ValidationError, match=words):
+            model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
+
+
 def test_two_models_behind_one_gateway(tmp_path, default_gguf_path):
     models = tmp_path / "models.yaml"
-    models.write_text(f"- name: smol-a\n  source: {default_gguf_path}\n- name: smol-b\n  source: {default_gguf_path}\n")
+    cpu = max(os.sched_getaffinity(0))  # smol-b's engine runs on this one alone
+    models.write_text(f"- name: smol-a\n  source: {default_gguf_path}\n- name: smol-b\n  source: {default_gguf_path}\n"
+                      f"  cpus: {cpu}\n")
     proc, url = _start("--max-batch-total-tokens", "1024", "--models", str(models), "--grammar-workers", "1")
     try:
         _wait_healthy(proc, url)
@@ -159,6 +181,9 @@ def test_two_models_behind_one_gateway(tmp_path, default_gguf_path):
         assert answer.status_code == 200 and answer.json()["model"] == "smol-b", answer.text
         print(f"cold model's first request: {time.monotonic() - cold:.1f} s")
         assert httpx.get(url + "/v1/models/smol-b", timeout=10).json()["max_model_len"] is not None  # loaded
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as children:
+            engines = [os.sched_getaffinity(int(pid)) for pid in children.read().split()]
+        assert {cpu} in engines, engines
 
         # TGI's routes (here its compat route, POST /): the X-Model header or ?model=, else the first model
         tgi = {"inputs": "Hello", "parameters": {"max_new_tokens": 2}}
