@@ -27,6 +27,7 @@ from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineIn
                               ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop)
 from .errors import EngineDeadError
 from .request import Request, RequestOutput
+from .serving_tokenizer import ServingTokenizer
 
 if TYPE_CHECKING:
     from .config import TracingConfig
@@ -202,7 +203,8 @@ class ChannelEngineClient(EngineClient):
             self.model_description = event.description
             self._model_checked.set()
         elif isinstance(event, Ready):
-            self.info, self.tokenizer, self._load = event.info, event.tokenizer, event.load
+            tokenizer = event.tokenizer.build() if isinstance(event.tokenizer, ServingTokenizer) else event.tokenizer
+            self.info, self.tokenizer, self._load = event.info, tokenizer, event.load
             self._ready.set()
         elif isinstance(event, StartupFailed) and self._stopping:
             logger.info("the engine, asked to stop while starting, did not start: %s", event.error)

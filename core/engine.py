@@ -14,13 +14,14 @@ from .decode_batch import decode_rows_only
 from .engine_messages import EngineInfo  # torch-free: it crosses to the gateway
 from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
 from .kv import BlockPool, KVCacheManager
-from .loader import load_tokenizer
+from .loader import load_hf_tokenizer
 from .params import ValidationError
 from .plugins import select_backend
 from .request import EngineCoreOutput, FinishReason, Request, decide_finish
 from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
+from .serving_tokenizer import ServingTokenizer
 from .kv.sizing import KVCacheSize
 from .spec.verify import VerifyPlan, rewind
 from .spec.build import build_speculator
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    """`tokenizer` is only needed for grammars; without it, it is loaded on the first one."""
+    """`tokenizer` (transformers' or a ServingTokenizer) checks a draft model's vocabulary and,
+    if transformers', serves grammars; otherwise transformers' is loaded on the first grammar."""
 
     def __init__(self, config: EngineConfig, backend: Backend | None = None, tokenizer=None):
         self.backend = backend or select_backend(config.backend)
@@ -237,10 +239,13 @@ class EngineCore:
         return EngineCoreOutput(request_id, (), FinishReason.ABORT, error=error)
 
     def _make_grammar_compiler(self):
-        """Runs on a grammar worker the first time a grammar is compiled."""
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.config.model)
-        return make_compiler(self.config.grammar, self._tokenizer, self.loaded.vocab_size, self.info.eos_token_ids)
+        """Runs on a grammar worker the first time a grammar is compiled. The compilers take
+        transformers' tokenizer: one the engine was given, else loaded here (an engine that
+        serves with a ServingTokenizer imports transformers only now)."""
+        tokenizer = self._tokenizer
+        if tokenizer is None or isinstance(tokenizer, ServingTokenizer):
+            tokenizer = load_hf_tokenizer(self.config.model)
+        return make_compiler(self.config.grammar, tokenizer, self.loaded.vocab_size, self.info.eos_token_ids)
 
     def _score_prompt_chunks(self, scheduler_output: SchedulerOutput) -> None:
         """Log-probabilities of the prompt tokens this step's positions predicted."""

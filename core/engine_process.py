@@ -224,7 +224,8 @@ def _check_model(channel: PipeChannel, config: EngineConfig) -> bool:
 
 
 def build_engine(config: EngineConfig) -> tuple[object, object]:
-    """(EngineCore, tokenizer): one tokenizer, shared by detokenization and grammar compiles."""
+    """(EngineCore, tokenizer): one tokenizer, for detokenization (and grammar compiles when it is
+    transformers'; a ServingTokenizer, core/loader's for a converted GGUF, leaves them their own)."""
     from .engine import EngineCore
     from .loader import load_tokenizer
 

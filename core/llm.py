@@ -9,7 +9,7 @@ from .chat_template import render_chat
 from .config import (CacheConfig, EngineConfig, GrammarConfig, ModelConfig, ParallelConfig, SchedulerConfig,
                      SpeculativeConfig)
 from .engine import EngineCore
-from .loader import load_tokenizer
+from .loader import load_hf_tokenizer
 from .output_processor import OutputProcessor
 from .params import SamplingParams, ValidationError
 from .request import FinishReason, Request, sequence_seed
@@ -75,7 +75,9 @@ class LLM:
             parallel=parallel or ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             speculative=speculative or SpeculativeConfig(),
         )
-        self.tokenizer = load_tokenizer(self.config.model)
+        # transformers' tokenizer, as vLLM's LLM holds (its apply_chat_template and the rest); a
+        # server's engine holds the lighter ServingTokenizer where it can (core/engine_process.py)
+        self.tokenizer = load_hf_tokenizer(self.config.model)
         self.engine = EngineCore(self.config, tokenizer=self.tokenizer)
         self._ids = itertools.count()
 

@@ -40,18 +40,25 @@ def release_freed_memory() -> bool:
     """What loading no longer needs, handed back: the pages of weight files still mapped
     (`drop_mapped_weight_pages`) and glibc's malloc_trim(0) of the heap. False where the C
     library has no malloc_trim."""
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return False
     before = status_kib("VmRSS")
-    drop_mapped_weight_pages(libc)
-    trim(0)
+    drop_mapped_weight_pages()
+    if not trim_heap():
+        return False
     after = status_kib("VmRSS")
     if before is not None and after is not None:
         logger.info("returned %.0f MB of memory freed at start-up to the OS (resident: %.0f MB)",
                     (before - after) / 1024, after / 1024)
+    return True
+
+
+def trim_heap() -> bool:
+    """glibc's malloc_trim(0): every whole free page of the heap back to the OS. False where the
+    C library has none."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
     return True
 
 

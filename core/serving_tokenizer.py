@@ -9,13 +9,23 @@ gateway (the default model's gateway: 129 -> 101 MB idle, 140 -> 109 MB at peak,
 Xeon), and no transformers import to wait for when the engine is ready. A tokenizer with no
 fast backend (a slow, Python-only one) is handed over as it is.
 
+A GGUF's converted metadata (core/loader/gguf_cache.py) keeps one in `TOKENIZER_FILE`, and a
+cached start's engine uses it as its own tokenizer: with the config kept as plain attributes
+(core/models/plain_config.py), such an engine imports no transformers. Grammar compilers still
+take transformers' tokenizer (core/engine.py loads it on the first grammar).
+
 Each method gives what the transformers tokenizer gives for the same call (tests/core/
 test_serving_tokenizer.py compares them)."""
 from __future__ import annotations
 
 import functools
+import json
+import os
 from typing import Any
 
+from .memory import trim_heap
+
+TOKENIZER_FILE = "serving_tokenizer.json"
 # transformers' clean_up_tokenization (for WordPiece-style tokenizers that set it)
 _CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
              (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
@@ -47,6 +57,27 @@ class ServingTokenizer:
                             False)))
         return cls(backend.to_str(), tokenizer.chat_template, tokenizer.special_tokens_map,
                    tokenizer.all_special_ids, clean_up, bool(getattr(tokenizer, "split_special_tokens", False)))
+
+    def save(self, directory: str) -> None:
+        with open(os.path.join(directory, TOKENIZER_FILE), "w") as file:
+            json.dump(self.__getstate__(), file)
+
+    @classmethod
+    def read(cls, directory: str) -> ServingTokenizer | None:
+        """The tokenizer `save` kept in `directory`; None when there is none."""
+        path = os.path.join(directory, TOKENIZER_FILE)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as file:
+            return cls(**json.load(file))
+
+    def build(self) -> ServingTokenizer:
+        """The Rust tokenizer made now rather than on the first request, and the heap its JSON
+        parse freed handed back: the default model's takes ~40 MB to build and holds ~15
+        (2-core AMX Xeon). The gateway calls this when the engine says it is ready."""
+        self.backend_tokenizer  # noqa: B018 - made and cached
+        trim_heap()
+        return self
 
     @functools.cached_property
     def backend_tokenizer(self):
@@ -103,6 +134,8 @@ class ServingTokenizer:
 def gateway_tokenizer(tokenizer):
     """What the engine hands the gateway: a ServingTokenizer of a fast tokenizer, else the
     tokenizer itself (None stays None)."""
+    if isinstance(tokenizer, ServingTokenizer):
+        return tokenizer
     if tokenizer is None or getattr(tokenizer, "backend_tokenizer", None) is None or \
             not getattr(tokenizer, "is_fast", False):
         return tokenizer

@@ -27,6 +27,6 @@ def default_gguf_path() -> str:
 @pytest.fixture(scope="session")
 def default_tokenizer():
     from switchyard.core.config import ModelConfig
-    from switchyard.core.loader import load_tokenizer
+    from switchyard.core.loader import load_hf_tokenizer
 
-    return load_tokenizer(ModelConfig())
+    return load_hf_tokenizer(ModelConfig())

@@ -22,14 +22,14 @@ PROMPT = "Name a colour."
 @pytest.fixture
 def templated(monkeypatch):
     """The tiny model's tokenizer with a chat template, as an instruct model's has."""
-    real = llm_module.load_tokenizer
+    real = llm_module.load_hf_tokenizer
 
     def with_template(model_config):
         tokenizer = real(model_config)
         tokenizer.chat_template = TEMPLATE
         return tokenizer
 
-    monkeypatch.setattr(llm_module, "load_tokenizer", with_template)
+    monkeypatch.setattr(llm_module, "load_hf_tokenizer", with_template)
 
 
 def _offline(chat: bool) -> str:

@@ -35,6 +35,8 @@ from ..quant.methods import detect, served_method
 from ..quant.hub import weights_reader
 from .gguf_packed import GGUFPackedWeights
 from ..models.base import CausalLM
+from ..models.plain_config import read_plain_config
+from ..serving_tokenizer import ServingTokenizer
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
@@ -51,7 +53,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass(frozen=True)
 class LoadedModel:
     model: CausalLM  # eval mode, on backend.device, in `dtype` (models/base.py declares the calls)
-    hf_config: Any  # transformers PretrainedConfig
+    hf_config: Any  # transformers PretrainedConfig, or a PlainConfig (models/plain_config.py)
     attention_spec: AttentionSpec  # KV cache shape and dtype (layer 0's spec)
     attention_specs: tuple[AttentionSpec, ...]  # per layer (sliding windows may differ)
     num_layers: int
@@ -78,11 +80,15 @@ def checkpoint_quantization(hf_config: Any) -> Any:
 
 
 def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
+    """The model's config: transformers' class, or for a GGUF's converted metadata the plain
+    attributes kept there (models/plain_config.py: no transformers import)."""
     if source.kind == "named":
         return named_config(source.path)
     if source.kind == "gguf" and source.metadata is None:
         with gguf_refusals(source.path):
             return load_gguf_config(source.path)
+    if source.kind == "gguf" and (plain := read_plain_config(source.metadata)) is not None:
+        return plain
     return load_hf_config(source.metadata or source.path, trust_remote_code)
 
 
@@ -116,7 +122,7 @@ class LoadPlan:
     """What loading decides before it reads a weight, each once, in this order."""
 
     source: ModelSource  # where the weights come from
-    hf_config: Any  # the model's config (transformers' PretrainedConfig)
+    hf_config: Any  # the model's config (transformers' PretrainedConfig or a PlainConfig)
     choice: ModelChoice  # the code that runs it (the build may hand it to the fallback)
     quantize: str | None  # the method its weights are served in (quant/methods.py)
     dtype: torch.dtype
@@ -184,7 +190,19 @@ def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: 
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
-    """The transformers tokenizer that goes with `load_model(model_config, ...)`, with
+    """The tokenizer that goes with `load_model(model_config, ...)`, with
+    `model_config.chat_template` installed when given: the ServingTokenizer a GGUF's converted
+    metadata keeps (no transformers import), else transformers' (`load_hf_tokenizer`)."""
+    source = resolve_source(model_config)
+    if source.kind == "gguf" and source.metadata is not None and \
+            (tokenizer := ServingTokenizer.read(source.metadata)) is not None:
+        apply_chat_template(tokenizer, model_config.chat_template)
+        return tokenizer
+    return load_hf_tokenizer(model_config)
+
+
+def load_hf_tokenizer(model_config: ModelConfig) -> Any:
+    """transformers' tokenizer for the model (what grammar compilers take), with
     `model_config.chat_template` installed when given."""
     tokenizer = _load_tokenizer(model_config)
     apply_chat_template(tokenizer, model_config.chat_template)
@@ -275,6 +293,6 @@ def model_path_report(model: str | None, model_impl: str = "auto", trust_remote_
 
 
 __all__ = ["DTYPES", "NAMED_CONFIGS", "LoadPlan", "LoadedModel", "ModelChoice", "ModelNotFoundError", "ModelSource",
-           "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_model",
-           "load_tokenizer", "model_path_report", "named_config", "open_weights", "plan_load", "resolve_source",
-           "torch_dtype"]
+           "UnsupportedModelError", "choose_model", "default_model_path", "load_config", "load_hf_tokenizer",
+           "load_model", "load_tokenizer", "model_path_report", "named_config", "open_weights", "plan_load",
+           "resolve_source", "torch_dtype"]

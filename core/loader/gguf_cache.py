@@ -6,6 +6,10 @@ Parsing a GGUF's metadata with transformers takes ~8 s per pass for a 49k-token 
 and the config and the tokenizer each need a pass; the converted directory loads in ~1 s. The
 conversion says so up front and every few seconds while it runs. The first load also keeps the
 file's tensor table and names there (gguf_index.py).
+
+Beside transformers' own files (config.json, the tokenizer's), the directory keeps the config as
+plain attributes (core/models/plain_config.py) and the tokenizer as a ServingTokenizer
+(core/serving_tokenizer.py): what a cached start's engine reads, with no transformers import.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from ..heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # bump when the conversion changes, so stale caches are ignored
+FORMAT_VERSION = 3  # bump when the conversion changes, so stale caches are ignored (3: plain config, tokenizer)
 _DONE_MARK = ".switchyard-converted"
 
 
@@ -124,9 +128,14 @@ def _process_alive(pid: int) -> bool:
 def _convert(gguf_path: str, out_dir: str) -> None:
     from transformers import AutoTokenizer
 
+    from ..serving_tokenizer import ServingTokenizer
     from .gguf_weights import load_gguf_config
+    from ..models.plain_config import write_plain_config
 
     config = load_gguf_config(gguf_path)
     config.save_pretrained(out_dir)
+    write_plain_config(config, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
     tokenizer.save_pretrained(out_dir)
+    if tokenizer.is_fast:
+        ServingTokenizer.from_transformers(tokenizer).save(out_dir)

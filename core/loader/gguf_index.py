@@ -5,10 +5,11 @@ Parsing a GGUF with gguf-py's reader walks every metadata field (5 s for the def
 49k-token vocabulary on a busy 2-core machine), and transformers' name mapping builds the
 model class on the meta device and a name table per module (9 s): together most of a cached
 start. The index holds what loading needs, per tensor: the GGUF name, the ggml type, the shape
-(ggml's order) and where its bytes lie, as the reader would view them; plus the architecture
-and the GGUF -> Hugging Face names. It is stamped with the file's size and mtime and the
-versions of gguf and transformers (the names are transformers' mapping); anything else is
-ignored and made again. An index that cannot be written (a read-only cache) is only skipped.
+(ggml's order) and where its bytes lie, as the reader would view them; plus the architecture,
+the kind of processing its tensors get (gguf_processors.py) and the GGUF -> Hugging Face names.
+It is stamped with the file's size and mtime and the versions of gguf and transformers (the
+names are transformers' mapping); anything else is ignored and made again. An index that
+cannot be written (a read-only cache) is only skipped.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "tensor_index.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the processor kind
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class IndexedTensor:
 @dataclass(frozen=True)
 class GGUFIndex:
     architecture: str | None
+    processor: str  # how its tensors are processed after dequantizing (gguf_processors.py)
     names: dict[str, str]  # GGUF tensor name -> Hugging Face name
     tensors: list  # IndexedTensor, or the reader's own ReaderTensor when just parsed
 
@@ -68,12 +70,13 @@ def read_index(directory: str, path: str) -> GGUFIndex | None:
                    for t in index["tensors"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return GGUFIndex(index["architecture"], index["names"], tensors)
+    return GGUFIndex(index["architecture"], index["processor"], index["names"], tensors)
 
 
 def write_index(directory: str, path: str, index: GGUFIndex) -> None:
     """Keeps `index` (its tensors gguf-py's ReaderTensors) in `directory`, atomically."""
-    entry = {"stamp": _stamp(path), "architecture": index.architecture, "names": index.names,
+    entry = {"stamp": _stamp(path), "architecture": index.architecture, "processor": index.processor,
+             "names": index.names,
              "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
                           "offset": int(t.data_offset), "nbytes": int(t.data.nbytes), "dtype": t.data.dtype.str,
                           "data_shape": list(t.data.shape)} for t in index.tensors]}

@@ -4,11 +4,12 @@ multiply directly. The blocks are read from the mapped file (a memmap), not copi
 repacks them once, and the mapping is dropped with the weights.
 
 Names and every other tensor come as in core/loader/gguf_weights.py (transformers' mapping and
-TensorProcessor). The only processing a packed matrix needs is llama's q/k row permutation
-(llama.cpp interleaves each head's rotary halves; transformers undoes it): blocks run along
-the input dim, so whole rows permute. Architectures whose processor does anything else to
-weight matrices load them dequantized, as do formats with no packed kernel (one logged line
-per reason). Gemma's and Nemotron's processors change only norm vectors, so their matrices pack.
+processing, gguf_processors.py). The only processing a packed matrix needs is llama's q/k row
+permutation (llama.cpp interleaves each head's rotary halves; transformers undoes it): blocks
+run along the input dim, so whole rows permute. Architectures whose processor does anything
+else to weight matrices load them dequantized, as do formats with no packed kernel (one logged
+line per reason). Gemma's and Nemotron's processors change only norm vectors, so their
+matrices pack.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from ..quant.weight import QuantizedWeight
+from .gguf_processors import LLAMA, TRANSFORMERS, unpermute
 from .gguf_weights import GGUFWeights, _float32_tensor
 
 logger = logging.getLogger(__name__)
@@ -27,16 +29,12 @@ logger = logging.getLogger(__name__)
 # ggml type name -> our format (core/quant/weight.py)
 PACKED_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q8_0": "q8_0",
                 "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
-# Architectures whose TensorProcessor changes weight matrices only by permuting rows here.
-ROW_PERMUTED_ARCHITECTURES = ("llama",)
-# Architectures whose TensorProcessor changes only 1-D tensors (norm weights).
-VECTOR_ONLY_ARCHITECTURES = ("gemma2", "gemma3", "nemotron")
 
 
 def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
-    """The row order that undoes llama.cpp's q/k permutation (transformers'
-    `_reverse_permute_weights`, applied to row indices)."""
-    return torch.arange(num_rows).reshape(num_heads, num_rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
+    """The row order that undoes llama.cpp's q/k permutation (the processor's, applied to row
+    indices)."""
+    return torch.from_numpy(unpermute(np.arange(num_rows), num_heads))
 
 
 class GGUFPackedWeights(GGUFWeights):
@@ -45,10 +43,8 @@ class GGUFPackedWeights(GGUFWeights):
 
     def __init__(self, path: str, hf_config: Any, index_dir: str | None = None):
         super().__init__(path, hf_config, index_dir)
-        from transformers.modeling_gguf_pytorch_utils import TensorProcessor
-
-        self.packable = (self.architecture in ROW_PERMUTED_ARCHITECTURES + VECTOR_ONLY_ARCHITECTURES
-                         or type(self.processor) is TensorProcessor)
+        # ours (identity, llama's row permutation, norm vectors) leave a matrix's blocks packable
+        self.packable = self.processor_kind != TRANSFORMERS
         if not self.packable:
             logger.warning("--quantize gguf: architecture %r transforms its weights on load; every tensor "
                            "is dequantized", self.architecture)
@@ -85,7 +81,7 @@ class GGUFPackedWeights(GGUFWeights):
         return weight if heads is None else weight.rows(unpermute_rows(rows, heads))
 
     def _permuted_heads(self, name: str) -> int | None:
-        if self.architecture not in ROW_PERMUTED_ARCHITECTURES:
+        if self.processor_kind != LLAMA:
             return None
         if ".attn_q." in name:
             return self.config.num_attention_heads

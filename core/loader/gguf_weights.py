@@ -6,10 +6,10 @@ transformers can load from GGUF, and its tensors are bit-identical to transforme
 - Names: transformers maps GGUF tensor names to Hugging Face ones from the state dict of
   the model it loads into (`get_gguf_hf_weights_map` over gguf-py's name table). We build
   that model class from the config on the meta device (no memory, no init) and ask the same.
-- Values: each tensor is dequantized with the `gguf` package and passed through
-  transformers' TensorProcessor of the architecture, e.g. llama.cpp's q/k row permutation of
-  "llama" undone, Gemma's norm weights (stored by llama.cpp with the +1 of their (1 + w) scale
-  folded in) taken back to Hugging Face's convention, MoE experts merged into one tensor.
+- Values: each tensor is dequantized with the `gguf` package and processed as transformers'
+  TensorProcessor of the architecture does (gguf_processors.py), e.g. llama.cpp's q/k row
+  permutation of "llama" undone, Gemma's norm weights (stored by llama.cpp with the +1 of their
+  (1 + w) scale folded in) taken back to Hugging Face's convention, MoE experts merged into one.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import torch
 
 from ..heartbeat import Heartbeat
 from .gguf_index import GGUFIndex, read_index, write_index
+from .gguf_processors import make_processor, processor_kind, transformers_processor
+from ..models.plain_config import transformers_config
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +38,6 @@ def load_gguf_config(path: str) -> Any:
     return AutoConfig.for_model(**config_dict)
 
 
-def tensor_processor(architecture: str, hf_config: Any) -> Any:
-    """transformers' TensorProcessor of a GGUF architecture (the identity one if it has none)."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-    return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
-
-
 def gguf_to_hf_names(hf_config: Any, processor: Any) -> dict[str, str]:
     """GGUF tensor name -> Hugging Face name, exactly as transformers maps them when it loads
     the file into AutoModelForCausalLM (built here on the meta device, only for its names)."""
@@ -50,7 +45,7 @@ def gguf_to_hf_names(hf_config: Any, processor: Any) -> dict[str, str]:
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(hf_config)
+        skeleton = AutoModelForCausalLM.from_config(transformers_config(hf_config))
     return get_gguf_hf_weights_map(skeleton, processor)
 
 
@@ -75,7 +70,8 @@ class GGUFWeights:
             if index_dir is not None:
                 write_index(index_dir, path, index)
         self.architecture, self.names, self.tensors = index.architecture, index.names, index.tensors
-        self.processor = tensor_processor(self.architecture, hf_config)
+        self.processor_kind = index.processor
+        self.processor = make_processor(index.processor, self.architecture, hf_config)
 
     @staticmethod
     def _parse(path: str, hf_config: Any) -> GGUFIndex:
@@ -86,8 +82,8 @@ class GGUFWeights:
             reader = GGUFReader(path)
             field = reader.get_field("general.architecture")
             architecture = field.contents() if field is not None else None
-            names = gguf_to_hf_names(hf_config, tensor_processor(architecture, hf_config))
-        return GGUFIndex(architecture, names, list(reader.tensors))
+            names = gguf_to_hf_names(hf_config, transformers_processor(architecture, hf_config))
+        return GGUFIndex(architecture, processor_kind(architecture), names, list(reader.tensors))
 
     def __len__(self) -> int:
         return len(self.tensors)

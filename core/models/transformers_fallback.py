@@ -35,6 +35,7 @@ from ..layers.parallel import NO_TP, TensorParallel
 from ..params import ValidationError
 from .base import CausalLM
 from .errors import UnsupportedModelError
+from .plain_config import transformers_config
 
 ATTENTION_NAME = "switchyard_paged"
 _SITE_ATTR = "_switchyard_site"
@@ -180,7 +181,7 @@ class TransformersForCausalLM(CausalLM):
             raise ValidationError(f"model {getattr(config, 'model_type', '?')} runs through the transformers "
                                   f"fallback, which cannot be sharded: use --num-shard 1 (not {tp.world_size})",
                                   "num_shard")
-        self.config = config
+        self.config = config = transformers_config(config)
         self.hf = build_hf_model(config, dtype)
         self._step = _Step()
         modules, specs = self._discover(block_size, dtype)

@@ -57,11 +57,11 @@ def write_gguf(hf_model: torch.nn.Module, path: str) -> None:
     from gguf import GGUFWriter
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    from switchyard.core.loader.gguf_weights import tensor_processor
+    from switchyard.core.loader.gguf_processors import transformers_processor
 
     config = hf_model.config
     architecture = GGUF_ARCHITECTURES[config.model_type]
-    to_hf = get_gguf_hf_weights_map(hf_model, tensor_processor(architecture, config))
+    to_hf = get_gguf_hf_weights_map(hf_model, transformers_processor(architecture, config))
     state = hf_model.state_dict()
     writer = GGUFWriter(path, architecture)
     _metadata(writer, config, architecture)

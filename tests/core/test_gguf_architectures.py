@@ -1,6 +1,8 @@
 """GGUF loading beyond the default model: for each architecture, a tiny random model
 written as a GGUF file loads here with tensors bit-identical to transformers' own GGUF
-load, and, where a native model exists, with the same logits on a ragged chunked batch."""
+load, and, where a native model exists, with the same logits on a ragged chunked batch;
+so does a cached start, from the config kept as plain attributes and the tensor index (no
+transformers config class, transformers' processors replaced by ours)."""
 from __future__ import annotations
 
 import pytest
@@ -10,10 +12,12 @@ from model_helpers import ReferenceBackend, assert_two_steps_match, ragged_promp
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config,
                           Qwen3Config)
 
+import switchyard.core.loader as loader
 from switchyard.core.config import ModelConfig
-from switchyard.core.loader import load_model
+from switchyard.core.loader import ModelSource, load_model
 from switchyard.core.loader.gguf_weights import GGUFWeights, load_gguf_config
 from switchyard.core.models import MODEL_TYPES
+from switchyard.core.models.plain_config import PlainConfig, write_plain_config
 
 BLOCK_SIZE = 4
 VOCAB = 96
@@ -64,5 +68,24 @@ def test_logits_equal_transformers_gguf_load(gguf_file):
     if model_type not in MODEL_TYPES:
         pytest.skip(f"no native {model_type} model on this branch")
     loaded = load_model(ModelConfig(model=path, cache_dir=""), ReferenceBackend(), BLOCK_SIZE)
+    assert_two_steps_match(loaded, reference, ragged_prompts(VOCAB, {"A": 7, "B": 12, "C": 3}), decode_token=11,
+                           block_size=BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("model_impl", ["auto", "transformers"])
+def test_a_cached_start_from_plain_attributes_gives_the_same_logits(gguf_file, model_impl, tmp_path, monkeypatch):
+    """The converted metadata's plain config (and, on the second load, the tensor index with
+    its processor kind) against transformers' own GGUF load; the fallback takes the plain
+    config back to transformers' class."""
+    model_type, path, reference = gguf_file
+    if model_type not in MODEL_TYPES:
+        pytest.skip(f"no native {model_type} model on this branch")
+    write_plain_config(load_gguf_config(path), str(tmp_path))  # as a conversion keeps it
+    converted = ModelSource("gguf", path, "gguf", gguf_file=path, metadata=str(tmp_path))
+    monkeypatch.setattr(loader, "resolve_source", lambda model_config: converted)
+    for _ in range(2):  # the first load indexes the file, the second reads the index
+        loaded = load_model(ModelConfig(model=path, model_impl=model_impl), ReferenceBackend(), BLOCK_SIZE)
+        assert type(loaded.hf_config) is PlainConfig and loaded.model_impl == ("native" if model_impl == "auto"
+                                                                                else "transformers")
     assert_two_steps_match(loaded, reference, ragged_prompts(VOCAB, {"A": 7, "B": 12, "C": 3}), decode_token=11,
                            block_size=BLOCK_SIZE)

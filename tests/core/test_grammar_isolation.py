@@ -139,8 +139,8 @@ def test_a_killed_parent_leaves_no_worker_behind(tmp_path):
         import os, signal
         from switchyard.core.config import GrammarConfig, ModelConfig
         from switchyard.core.grammar import GrammarCompileService, GrammarSpec, make_compiler
-        from switchyard.core.loader import load_tokenizer
-        tokenizer = load_tokenizer(ModelConfig())
+        from switchyard.core.loader import load_hf_tokenizer
+        tokenizer = load_hf_tokenizer(ModelConfig())
         service = GrammarCompileService(lambda: make_compiler(GrammarConfig(), tokenizer, 49152, (2,)))
         service.compile(GrammarSpec.regex("[a-z]+")).result(120)
         print(*service.worker_pids, flush=True)

@@ -12,7 +12,7 @@ import pytest
 
 from switchyard.core.chat_template import ChatTemplateError, render_chat
 from switchyard.core.config import ModelConfig
-from switchyard.core.loader import load_tokenizer
+from switchyard.core.loader import load_hf_tokenizer, load_tokenizer
 from switchyard.core.serving_tokenizer import ServingTokenizer, gateway_tokenizer
 
 TEXTS = ["Hello world", "  leading and trailing spaces  ", "naïve café — 東京 🚀 emoji",
@@ -28,7 +28,7 @@ def pair(request):
         model = ModelConfig(model=request.getfixturevalue("gemma3_gguf_path"))
     else:
         model = ModelConfig(model="llama-tiny", load_format="dummy")
-    hf = load_tokenizer(model)
+    hf = load_hf_tokenizer(model)
     return hf, ServingTokenizer.from_transformers(hf)
 
 
@@ -147,3 +147,16 @@ def test_the_gateway_holds_its_tokenizer_without_importing_transformers():
               "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(lean), capture_output=True, check=True)
     assert out.stdout.decode().strip() == "[]"
+
+
+def test_build_makes_the_rust_tokenizer_now_and_hands_the_parse_heap_back(monkeypatch):
+    """The gateway builds its tokenizer when the engine is ready (core/client.py), not on the
+    first request, and trims the heap the JSON parse freed (~25 of ~40 MB for the default's)."""
+    from switchyard.core import serving_tokenizer
+
+    trims = []
+    monkeypatch.setattr(serving_tokenizer, "trim_heap", lambda: trims.append(1) or True)
+    lean = pickle.loads(pickle.dumps(gateway_tokenizer(load_tokenizer(ModelConfig()))))
+    assert "backend_tokenizer" not in vars(lean)
+    assert lean.build() is lean and "backend_tokenizer" in vars(lean) and trims == [1]
+    assert lean.encode("Hello") == load_hf_tokenizer(ModelConfig()).encode("Hello")

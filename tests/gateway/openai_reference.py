@@ -26,9 +26,9 @@ class Generated:
 def reference_tokenizer():
     """The default model's transformers tokenizer: chat prompts rendered by transformers itself."""
     from switchyard.core.config import ModelConfig
-    from switchyard.core.loader import load_tokenizer
+    from switchyard.core.loader import load_hf_tokenizer
 
-    return load_tokenizer(ModelConfig())
+    return load_hf_tokenizer(ModelConfig())
 
 
 def chat_prompt_ids(messages: list[dict]) -> list[int]:
