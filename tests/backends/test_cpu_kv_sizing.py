@@ -165,3 +165,31 @@ def test_a_cache_smaller_than_the_context_is_said(monkeypatch, caplog):
     engine.shutdown()
     assert "the KV cache holds 128 tokens, fewer than the context of 512: a longer request is refused" \
         in caplog.messages
+
+
+def _mapping_of(tensor: torch.Tensor, smaps: str = "/proc/self/smaps") -> dict[str, str]:
+    """The smaps fields (Rss, VmFlags, ...) of the mapping that holds `tensor`'s first byte."""
+    address, fields, inside = tensor.data_ptr(), {}, False
+    with open(smaps) as file:
+        for line in file:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    return fields
+
+
+def test_the_cache_fills_in_a_small_page_at_a_time():
+    """One used block makes a few KiB of a layer's cache resident, not a 2 MiB huge page (numpy's
+    zeros advised huge pages: the warm-up alone made ~60 MB of the default model's cache resident)."""
+    spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, scale=0.125, dtype=torch.bfloat16)
+    layer = CpuBackend().allocate_kv_cache(1, 1025, spec)[0]  # 12 MiB, as one of the default model's 30
+    assert layer.shape == (2, 1025, 16, 3, 64)
+    layer[:, 1] = 1.0  # one block's keys and values
+    mapping = _mapping_of(layer)
+    assert "nh" in mapping["VmFlags"].split() and "hg" not in mapping["VmFlags"].split()
+    assert int(mapping["Rss"].split()[0]) <= 64  # KiB
+    assert layer[:, 1].eq(1).all() and not layer[:, 0].any() and not layer[:, 2:].any()  # the rest: zeros
