@@ -82,14 +82,14 @@ def mapped_weight_ranges(maps: str = "/proc/self/maps") -> list[tuple[int, int]]
     return ranges
 
 
-def drop_mapped_weight_pages(libc=None) -> int:
+def drop_mapped_weight_pages() -> int:
     """madvise(MADV_DONTNEED) over every mapped weight file: the pages loading read (to repack
     them, e.g. a tied LM head from a GGUF embedding the model keeps mapped) leave the resident
     set and stay in the page cache; a later read faults its page back in. Bytes dropped."""
     ranges = mapped_weight_ranges()
     if not ranges:
         return 0
-    madvise = _madvise(libc)
+    madvise = _madvise()
     return sum(end - start for start, end in ranges if madvise(start, end - start, MADV_DONTNEED) == 0)
 
 
@@ -100,9 +100,9 @@ class MappedWeightPages:
     packed copy's until the end. The weight files' mappings are read once, at construction;
     a tensor outside them (anonymous memory, which DONTNEED would zero) is never touched."""
 
-    def __init__(self, libc=None):
+    def __init__(self):
         self._ranges = mapped_weight_ranges()
-        self._madvise = _madvise(libc) if self._ranges else None
+        self._madvise = _madvise() if self._ranges else None
 
     def drop(self, tensor) -> int:
         """Bytes of `tensor`'s storage dropped (whole pages, widened to its pages' bounds: a
@@ -118,7 +118,7 @@ class MappedWeightPages:
         return 0
 
 
-def _madvise(libc=None):
-    madvise = (libc or ctypes.CDLL(None)).madvise
+def _madvise():
+    madvise = ctypes.CDLL(None).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return madvise
