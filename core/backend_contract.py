@@ -57,6 +57,14 @@ class Capabilities:
     # speculator's starting point before it has measured this machine (core/spec/cost.py). Small
     # on accelerators at small batches; a CPU's rows are dear (its arithmetic is the bottleneck).
     decode_row_cost: float = 0.02
+    # The instruction-set levels the backend can hold its kernels to (EngineConfig.isa), lowest
+    # first, the last being what "auto" runs, each with what `--dtype auto` becomes there (the
+    # level's preferred_dtype); () = the backend has no such choice.
+    isa_levels: tuple[tuple[str, str], ...] = ()
+    # Quantization methods whose weights the backend multiplies in integers against activations
+    # it rounds per block itself: `--dtype auto` serves them in float32, since wider activations
+    # around the integer products cost no speed there and every machine then computes alike.
+    integer_quantizations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,11 @@ class BackendInterface(ABC):
         `config.runtime == "plain"` asks for no tuning. Cheap, no device context. The default
         asks for nothing."""
         return {}
+
+    def kernel_isa(self) -> str:
+        """The instruction-set level its kernels run at (EngineConfig.isa resolved, e.g. "avx2
+        (forced)"), once prepare_model has run; reported in /info. "" where it has no such choice."""
+        return ""
 
     @abstractmethod
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:

@@ -1,7 +1,9 @@
 """What the engine does with a backend's declared Capabilities: the one place they are enforced.
 
 Called once when an engine starts, before anything is loaded:
-- `dtype="auto"` becomes the backend's preferred dtype (the copy returned says which);
+- an instruction-set level (`isa`) the backend does not list is refused (one line);
+- `dtype="auto"` becomes the backend's preferred dtype, or float32 for weights it multiplies in
+  integers (Capabilities.integer_quantizations; the copy returned says which);
 - `quantize` becomes the method the weights are served in (core/quant/methods.py served_method:
   a GGUF file in its own blocks, a Hub checkpoint in its quantization_config's method);
 - shards (--num-shard > 1) where the backend declares why it cannot run them here
@@ -56,14 +58,10 @@ def _check_quantization(backend: str, caps: Capabilities, quantize: str | None) 
 def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -> EngineConfig:
     """The configuration this backend will run: `config` itself, or a copy with what the
     backend cannot do turned off. Raises BackendCapabilityError for what it cannot serve."""
-    dtype = config.model.dtype
-    if dtype == "auto":
-        dtype = caps.preferred_dtype
-        logger.info("dtype %s: backend %r prefers it", dtype, backend)
-        config = replace(config, model=replace(config.model, dtype=dtype))
-    if dtype not in caps.dtypes:
-        raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
-                                     f"it supports: {_listed(caps.dtypes)}")
+    levels = dict(caps.isa_levels)
+    if config.isa != "auto" and config.isa not in levels:
+        raise BackendCapabilityError(f"backend {backend!r} cannot run at instruction-set level {config.isa!r} here; "
+                                     f"it can: {_listed(('auto', *levels))}")
     shards = config.parallel.tensor_parallel_size
     if shards > 1 and caps.unshardable_reason:
         raise BackendCapabilityError(f"backend {backend!r} cannot run --num-shard {shards} here: "
@@ -76,6 +74,17 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if quantize not in (None, NONE) and config.parallel.tensor_parallel_size > 1:
         raise BackendCapabilityError(f"--quantize {quantize} cannot be combined with --num-shard "
                                      f"{config.parallel.tensor_parallel_size}: quantized weights are not split over shards")
+    dtype = config.model.dtype
+    if dtype == "auto":
+        if quantize in caps.integer_quantizations and "float32" in caps.dtypes:
+            dtype, why = "float32", f"{quantize} weights are multiplied in integers"
+        else:
+            dtype, why = levels.get(config.isa, caps.preferred_dtype), "the backend prefers it"
+        logger.info("dtype %s: %s (backend %r)", dtype, why, backend)
+        config = replace(config, model=replace(config.model, dtype=dtype))
+    if dtype not in caps.dtypes:
+        raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
+                                     f"it supports: {_listed(caps.dtypes)}")
     block_size = config.cache.block_size
     if block_size not in caps.block_sizes:
         raise BackendCapabilityError(f"backend {backend!r} does not support KV block size {block_size}; "

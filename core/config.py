@@ -254,6 +254,16 @@ class EngineConfig:
     # graph_batch_sizes). Off by default so the eager path stays the reference; `switchyard
     # serve` turns it on unless --enforce-eager.
     compile_decode: bool = False
+    # The instruction-set level the backend's kernels are built for and run at, one of its
+    # Capabilities.isa_levels (CPU: portable, avx2, avx512, avx512-vnni, amx); "auto" = the best
+    # this machine runs. Forcing a lower one serves through the path a lesser CPU takes
+    # (`--cpu-isa`, reported in /info and the start log).
+    isa: str = "auto"
+    # How a backend that multiplies block-quantized weights in integers rounds the activations:
+    # "int8x2" (int8 per 32 values, then what that lost the same way: two integer products,
+    # about 15 bits) or "int8" (llama.cpp's one pass: half the integer work, a larger distance
+    # from the float reference; `--quantized-activations`).
+    quantized_activations: str = "int8x2"
     # How `switchyard serve` starts its engine process: "tuned" with the environment its backend
     # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,
     # threads bound to cores), "plain" as it was launched (--runtime).

@@ -55,7 +55,8 @@ class EngineCore:
             raise
         self.loaded, num_blocks, self.runner = built.loaded, built.num_blocks, built.runner
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
-                               self.loaded.eos_token_ids, config.speculative.num_speculative_tokens)
+                               self.loaded.eos_token_ids, config.speculative.num_speculative_tokens,
+                               self.backend.kernel_isa())
         # constrained requests speculate too: their matchers roll back over k proposals
         self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids,
                                                config.speculative.num_speculative_tokens)

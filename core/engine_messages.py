@@ -25,6 +25,7 @@ class EngineInfo:
     max_model_len: int
     eos_token_ids: tuple[int, ...]
     speculate: int = 0  # proposed tokens a decode may verify per step (0: no speculative decoding)
+    isa: str = ""  # the instruction-set level the backend's kernels run at (Backend.kernel_isa)
 
     @property
     def max_batch_total_tokens(self) -> int:

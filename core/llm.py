@@ -60,8 +60,12 @@ class LLM:
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
-                 parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None):
+                 parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None,
+                 isa: str = "auto", compile_decode: bool = False, quantized_activations: str = "int8x2"):
         """`chat_template`: a Jinja file's path or template text, for a model without one.
+        `isa`: the instruction-set level the backend's kernels run at (EngineConfig.isa);
+        `compile_decode`: run steps the way a server does (EngineConfig.compile_decode);
+        `quantized_activations`: EngineConfig.quantized_activations.
         `speculative`: speculative decoding (core/spec), e.g. SpeculativeConfig(num_speculative_tokens=4), or
         with a draft model SpeculativeConfig(num_speculative_tokens=4, method="draft", draft_model=PATH)."""
         self.config = EngineConfig(
@@ -73,7 +77,8 @@ class LLM:
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
             backend=backend, grammar=grammar or GrammarConfig(),
             parallel=parallel or ParallelConfig(tensor_parallel_size=tensor_parallel_size),
-            speculative=speculative or SpeculativeConfig(),
+            speculative=speculative or SpeculativeConfig(), isa=isa, compile_decode=compile_decode,
+            quantized_activations=quantized_activations,
         )
         # transformers' tokenizer, as vLLM's LLM holds (its apply_chat_template and the rest); a
         # server's engine holds the lighter ServingTokenizer where it can (core/engine_process.py)

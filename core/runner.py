@@ -32,20 +32,26 @@ def decodes_by_row(s: ScheduledRequest) -> bool:
     return len(s.token_ids) == 1 + s.num_draft_tokens
 
 
-def order_for_attention(scheduled: tuple[ScheduledRequest, ...]) -> list[ScheduledRequest]:
+def order_for_attention(scheduled: tuple[ScheduledRequest, ...], by_row: bool = False) -> list[ScheduledRequest]:
     """Decode rows first, as AttentionMetadata promises the kernels."""
+    if by_row:
+        return list(scheduled)
     decodes = [s for s in scheduled if decodes_by_row(s)]
     if len(decodes) == len(scheduled):
         return list(scheduled)
     return decodes + [s for s in scheduled if not decodes_by_row(s)]
 
 
-def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device) -> StepInput:
+def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device,
+                     by_row: bool = False) -> StepInput:
     """The host-side lists are built in plain Python and each becomes one tensor: a step
     holds few tokens, and small torch ops cost more than the lists (repeat_interleave and
     advanced indexing also start OpenMP regions, which stall for milliseconds on a busy
-    machine)."""
-    ordered = order_for_attention(scheduler_output.scheduled)
+    machine). `by_row`: every query token is a decode row, a prompt chunk's too (each
+    attends to the cache up to its own position, written before any row attends), so the
+    attention of a token does not depend on how its prompt was cut into chunks, on a cached
+    prefix, or on the rows beside it (batch invariance, where the runner asks for it)."""
+    ordered = order_for_attention(scheduler_output.scheduled, by_row)
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -61,7 +67,7 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         input_ids.extend(s.token_ids)
         positions.extend(range(start, start + n))
         slot_mapping.extend(_slots(s.block_ids, start, start + n, block_size))
-        if decodes_by_row(s):  # n rows of one query token
+        if by_row or decodes_by_row(s):  # n rows of one query token
             num_decodes += n
             query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + n + 1))
             seq_lens.extend(range(start + 1, start + n + 1))
@@ -104,7 +110,11 @@ def _slots(block_ids: tuple[int, ...], start: int, stop: int, block_size: int) -
 
 
 class ModelRunner:
-    """Owns the model and its paged KV cache on the backend's device."""
+    """Owns the model and its paged KV cache on the backend's device. `by_row`: every step is
+    laid out as decode rows (build_step_input), for backends whose kernels then compute each
+    token's logits whatever else shares its step."""
+
+    by_row = False
 
     def __init__(self, model: torch.nn.Module, backend: BackendInterface, kv_caches: list[torch.Tensor],
                  block_size: int):
@@ -120,11 +130,15 @@ class ModelRunner:
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
         """Returns float32 logits [R, vocab] of the requests that sample (ScheduledRequest.num_logits
         rows each: one, or k + 1 for a request verifying k proposals), and their ids."""
-        step = build_step_input(scheduler_output, self.block_size, self.backend.device)
-        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        step = build_step_input(scheduler_output, self.block_size, self.backend.device, self.by_row)
+        hidden = self.forward(step)
         self.last_prompt_logits = {rid: self.model.compute_logits(hidden[start:start + count])
                                    for rid, start, count in step.prompt_logits_spans}
         if not step.sampling_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32), ()
         logits = self.model.compute_logits(hidden[step.logits_indices])
         return logits, step.sampling_request_ids
+
+    def forward(self, step: StepInput) -> torch.Tensor:
+        """The final hidden states of every token of the step [T, hidden]."""
+        return self.model(step.input_ids, step.positions, self.kv_caches, step.meta)

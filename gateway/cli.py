@@ -88,7 +88,12 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         print(line)
         if report.capabilities is not None:
             caps = report.capabilities
-            print(f"{'':<9}dtype auto = {caps.preferred_dtype} (of {', '.join(caps.dtypes)})")
+            integer = f"; float32 for {', '.join(caps.integer_quantizations)} (integer products)" \
+                if caps.integer_quantizations else ""
+            print(f"{'':<9}dtype auto = {caps.preferred_dtype} (of {', '.join(caps.dtypes)}){integer}")
+            if caps.isa_levels:
+                print(f"{'':<9}instruction sets (--cpu-isa): {', '.join(level for level, _ in caps.isa_levels)} "
+                      f"(auto: {caps.isa_levels[-1][0]})")
             if caps.runtime:
                 print(f"{'':<9}runtime (serve --runtime tuned): {caps.runtime}")
     from switchyard.core.quant.methods import table

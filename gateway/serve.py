@@ -81,6 +81,13 @@ _SERVE_FLAGS = [
     ("--chat-template", ("CHAT_TEMPLATE",), str, None,
      "Jinja chat template file for chat routes, replacing the tokenizer's (default: the tokenizer's; a base "
      "model has none)"),
+    ("--cpu-isa", ("CPU_ISA",), str, "auto",
+     "instruction-set level the CPU kernels are built for and run at: portable, avx2, avx512, avx512-vnni or amx, "
+     "up to what this CPU runs (default auto: the best it runs); a lower one serves as a lesser CPU would. "
+     "Reported in /info and `switchyard backends`"),
+    ("--quantized-activations", ("QUANTIZED_ACTIVATIONS",), str, "int8x2",
+     "how activations meet block-quantized (GGUF) weights on the CPU: int8x2 (int8 per 32 values, then what that "
+     "lost, ~15 bits: closest to the float reference) or int8 (llama.cpp's one pass: half the integer work)"),
     ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
      "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
     ("--grammar-max-spec-bytes", ("GRAMMAR_MAX_SPEC_BYTES",), int, GrammarConfig.max_spec_bytes,
@@ -96,6 +103,7 @@ _SERVE_FLAGS = [
      "one more, started ahead, takes only small ones, so they never wait behind heavy compiles"),
 ]
 GRAMMAR_BACKENDS = ("xgrammar", "outlines")
+QUANTIZED_ACTIVATIONS = ("int8x2", "int8")  # EngineConfig.quantized_activations
 _SERVE_SWITCHES = [
     ("--json-output", ("JSON_OUTPUT",), "structured JSON logs"),
     ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",),
@@ -156,6 +164,9 @@ def _check_supported(args: argparse.Namespace) -> None:
                               "would not fit in the KV cache and would be cut")
     if args.grammar_workers is not None and args.grammar_workers < 1:
         raise ValidationError(f"--grammar-workers must be at least 1, got {args.grammar_workers}")
+    if args.quantized_activations not in QUANTIZED_ACTIVATIONS:
+        raise ValidationError(f"--quantized-activations must be one of {', '.join(QUANTIZED_ACTIVATIONS)}; "
+                              f"got {args.quantized_activations!r}")
     if args.grammar_backend not in GRAMMAR_BACKENDS:
         raise ValidationError(f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}; "
                               f"got {args.grammar_backend!r}")
@@ -192,7 +203,8 @@ def engine_config(args: argparse.Namespace):
         parallel=ParallelConfig(tensor_parallel_size=args.num_shard, nnodes=args.nnodes, node_rank=args.node_rank,
                                 master_addr=args.master_addr, master_port=args.master_port,
                                 **_ray_parallel_options(args)),
-        backend=args.backend, runtime=args.runtime, tracing=_tracing_config(args),
+        backend=args.backend, runtime=args.runtime, tracing=_tracing_config(args), isa=args.cpu_isa,
+        quantized_activations=args.quantized_activations,
         speculative=_speculative_config(args))
 
 

@@ -19,7 +19,7 @@ from switchyard.core.quant.methods import served_by
 from .attention import CpuAttentionKernel, StepPlanCache
 from .compiled import CompiledDecodeRunner, CompileOptions, compile_sizes
 from .compiled import describe as describe_compiled
-from .extension import PagedDecode
+from .extension import PagedDecode, isa_levels, level_flags, resolve_isa
 from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
 from .runner import CpuModelRunner
 from .fused_decode import describe as describe_fused
@@ -40,12 +40,13 @@ logger = logging.getLogger(__name__)
 # float32 and bfloat16.
 IN_PLACE_MAX_DECODES = None
 
-# torch's int4/int8 kernels take batches of more rows than this through a bf16 oneDNN copy, and
-# the block kernel through its tiles dequantized per call (decode-only steps: past quant.DECODE_BATCH_ROWS).
+# torch's int4/int8 kernels take batches of more rows than this through a bf16 oneDNN copy (the
+# block kernel multiplies any number of rows in integers).
 QUANTIZED_BATCH_ROWS = 16
 
 GATHER_IMPL = ("SDPA over gathered blocks (torch scaled_dot_product_attention; decodes in groups of 16, "
-               "short bf16 ones as one batched matmul; one call per prompt chunk)")
+               "short bf16 ones as one batched matmul; one call per prompt chunk of a float model: a model with "
+               "block-format weights attends every prompt token as a decode row)")
 
 
 def _cache_root(cache_dir: str | None) -> str:
@@ -85,6 +86,17 @@ def _small_pages(nbytes: int) -> mmap.mmap:
     return mapping
 
 
+# What holds torch's own kernels to a level too (ATen's vectorized loops, oneDNN's JIT), read by
+# those libraries when they load: a forced level runs no instruction of the levels above it.
+_TORCH_ISA = {"portable": ("default", "SSE41"), "avx2": ("avx2", "AVX2"), "avx512": ("avx512", "AVX512_CORE"),
+              "avx512-vnni": ("avx512", "AVX512_CORE_BF16"), "amx": ("avx512", "AVX512_CORE_AMX")}
+
+
+def torch_isa_environment(isa: str) -> dict[str, str]:
+    aten, onednn = _TORCH_ISA[isa]
+    return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn}
+
+
 def preferred_dtype(flags: frozenset[str] | None = None) -> str:
     """bfloat16 where this CPU multiplies it natively (AVX512-BF16 or AMX, runtime.py) and
     torch's oneDNN can use it; float32 elsewhere (bf16 emulated is slower than float32)."""
@@ -110,6 +122,7 @@ class CpuBackend(Backend):
         # Decode-only steps of Llama-layout models through the C++ layers (fused_decode.py) when
         # the engine asks for prepared decode steps (EngineConfig.compile_decode); False: compiled graphs.
         self.fused_decode = fused_decode
+        self._isa = ""  # the level the kernels run at, once prepare_model has built them
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -126,14 +139,18 @@ class CpuBackend(Backend):
                             # fused C++ layers run them; the compiled graphs leave them to eager steps
                             multi_token_decode=True,
                             # 2-core AMX Xeon, the default model: 8.5 ms a one-row step, +1.2 ms a row
-                            decode_row_cost=0.15)
+                            decode_row_cost=0.15,
+                            isa_levels=tuple((level, preferred_dtype(level_flags(level))) for level in isa_levels()),
+                            # block formats: integer products against int8 activations (quant.py)
+                            integer_quantizations=("gguf", "int4"))
 
     def process_environment(self, config) -> dict[str, str]:
         """The tuned runtime of runtime.py (allocator, Intel OpenMP, threads, binding when the
         engine process is the model's only process), merged with the user's environment."""
+        held = {} if config.isa == "auto" else torch_isa_environment(config.isa)
         if config.runtime == "plain":
-            return {}
-        return this_machine(config.parallel.sharded).environment(os.environ)
+            return {**os.environ, **held} if held else {}
+        return {**this_machine(config.parallel.sharded).environment(os.environ), **held}
 
     def attention_impl(self, cache_dir: str | None = None) -> str:
         decodes = self._decode.describe(_cache_root(cache_dir))
@@ -181,14 +198,26 @@ class CpuBackend(Backend):
         """Swaps quantized linears for their kernels (quant.py), packs the float linear weights
         for oneDNN (linear.py; bf16 ones with the bf16 row kernel for few-row steps, _rows_kernel), then tells the remaining linears how this CPU multiplies a
         single row (tuning.py). The plain runner runs the result."""
+        self._say_isa(config.isa)
         if any(isinstance(m, Linear) and m.quantized is not None for m in loaded.model.modules()):
-            blocks = load_block_kernel(_cache_root(config.model.cache_dir))
-            pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None)
+            blocks = load_block_kernel(_cache_root(config.model.cache_dir), isa=config.isa)
+            pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None,
+                           config.quantized_activations)
         if self.pack_weights:
-            pack_linears(loaded.model, self._rows_kernel(loaded, _cache_root(config.model.cache_dir)))
+            pack_linears(loaded.model, self._rows_kernel(loaded, _cache_root(config.model.cache_dir), config.isa))
         choose_single_row_products(loaded.model)
 
-    def _rows_kernel(self, loaded, cache_root: str):
+    def kernel_isa(self) -> str:
+        return self._isa
+
+    def _say_isa(self, isa: str) -> None:
+        """Once per engine: the instruction-set level every kernel is built for (the start log, /info)."""
+        level = resolve_isa(isa)
+        self._isa = level if isa == "auto" else f"{level} (forced; this CPU runs up to {isa_levels()[-1]})"
+        logger.info("CPU kernels: %s%s", self._isa, "" if level != "portable" or isa != "auto" else
+                    ": this CPU has no AVX2, so plain C++ loops run (correct, slower than a vector build)")
+
+    def _rows_kernel(self, loaded, cache_root: str, isa: str):
         """The bf16 row kernel's ops for this model's few-row steps (linear.py), or None. Where bf16
         packs as float32 its copy replaces the float32 one-row packing; beside a bf16 packing it is
         a second copy of the weights, made only while that stays under an eighth of the memory
@@ -202,7 +231,7 @@ class CpuBackend(Backend):
                 logger.info("CPU bf16 row kernel off: its copy of the weights (%.1f GiB) would take more than "
                             "an eighth of the memory available", copy / 2**30)
                 return None
-        return load_rows_kernel(cache_root).ops
+        return load_rows_kernel(cache_root, isa).ops
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
         """Once the in-place decode kernel is built or reused (extension.py; the gather path, with
@@ -211,7 +240,7 @@ class CpuBackend(Backend):
         model declares the Llama decoder layout, else the runner of decode graphs compiled here,
         at warm-up (compiled.py)."""
         cache_root = _cache_root(config.model.cache_dir)
-        self._decode.load(cache_root)
+        self._decode.load(cache_root, isa=config.isa)
         if not config.compile_decode:
             return CpuModelRunner(loaded.model, self, kv_caches, config.cache.block_size)
         layout = loaded.model.decoder_layout()
@@ -236,7 +265,7 @@ class CpuBackend(Backend):
             return "the in-place decode kernel is not loaded"
         if config.parallel.sharded:
             return "tensor-parallel shards"
-        return fused_program(layout, load_decode_layers(cache_root), dtype)
+        return fused_program(layout, load_decode_layers(cache_root, config.isa), dtype)
 
     def _cannot_compile(self, config) -> str | None:
         """Why decode steps cannot be compiled here, or None."""

@@ -48,6 +48,51 @@ ROWS_SOURCE = os.path.join(SOURCES, "row_matmul.cpp")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 LDFLAGS = ("-fopenmp",)
 
+# The instruction-set levels a build can be held to, lowest first: the /proc/cpuinfo flags a level
+# needs, and the compiler flags (after -march=native, so they only take features away) that keep
+# a build at it. csrc/*.h pick their loops by the compiler's target macros: AVX-512 without VNNI
+# runs the block kernel's AVX2 loop beside AVX-512 attention; "portable" is plain C++ (the loops
+# an ARM or a pre-AVX2 CPU runs), held there on any x86 machine.
+_AVX2 = frozenset({"avx2", "fma", "f16c"})
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "portable": (frozenset(), ("-DSY_BLOCK_PORTABLE", "-mno-avx512f", "-mno-avx2")),
+    "avx2": (_AVX2, ("-mno-avx512f",)),
+    "avx512": (_AVX512, ("-mno-avx512vnni", "-mno-avx512bf16", "-mno-amx-tile")),
+    "avx512-vnni": (_AVX512 | {"avx512_vnni"}, ("-mno-amx-tile",)),
+    "amx": (_AVX512 | {"avx512_vnni", "amx_tile", "amx_int8"}, ()),
+}
+
+
+def isa_levels(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The levels this CPU runs, lowest first (the last is what "auto" builds)."""
+    flags = frozenset(_cpu_flags().split()) if flags is None else flags
+    if platform.machine() not in ("x86_64", "AMD64", "i686"):
+        return ("portable",)
+    return tuple(level for level, (needs, _) in ISA_LEVELS.items() if needs <= flags)
+
+
+def resolve_isa(isa: str, flags: frozenset[str] | None = None) -> str:
+    """The level a build runs at: `isa` itself, or the best this CPU runs for "auto"."""
+    return isa_levels(flags)[-1] if isa == "auto" else isa
+
+
+# What each level hides of a CPU's flags (names, or prefixes ending in "*").
+_HIDDEN = {"portable": ("avx2", "fma", "f16c", "avx512*", "amx*"), "avx2": ("avx512*", "amx*"),
+           "avx512": ("avx512_vnni", "avx512_bf16", "amx*"), "avx512-vnni": ("amx*",), "amx": ()}
+
+
+def level_flags(isa: str, flags: frozenset[str] | None = None) -> frozenset[str]:
+    """This CPU's flags as a CPU of level `isa` shows them (what decides, e.g., whether bfloat16
+    is multiplied natively)."""
+    flags = frozenset(_cpu_flags().split()) if flags is None else flags
+    hidden = _HIDDEN[resolve_isa(isa, flags)]
+    return frozenset(f for f in flags if not any(f == h or (h.endswith("*") and f.startswith(h[:-1])) for h in hidden))
+
+
+def compile_flags(isa: str) -> tuple[str, ...]:
+    return (*CFLAGS, *ISA_LEVELS[resolve_isa(isa)][1])
+
 
 @dataclass(frozen=True)
 class ExtensionBuild:
@@ -104,11 +149,13 @@ def _source_texts(source: str) -> list[bytes]:
     return texts
 
 
-def build_name(source: str, cache_root: str) -> str:
-    """The extension's name (also its op namespace): a digest of what the binary depends on,
-    and of where it is kept (two builds loaded in one process must not share a namespace)."""
+def build_name(source: str, cache_root: str, isa: str = "auto") -> str:
+    """The extension's name (also its op namespace): a digest of what the binary depends on
+    (its instruction-set level's flags too), and of where it is kept (two builds loaded in one
+    process must not share a namespace)."""
     key = b"\0".join([*_source_texts(source), os.path.abspath(cache_root).encode(), torch.__version__.encode(),
-                      sys.version.encode(), platform.machine().encode(), _cpu_flags().encode(), " ".join(CFLAGS).encode()])
+                      sys.version.encode(), platform.machine().encode(), _cpu_flags().encode(),
+                      " ".join(compile_flags(isa)).encode()])
     stem = os.path.splitext(os.path.basename(source))[0]
     return f"switchyard_{stem}_" + hashlib.sha256(key).hexdigest()[:16]
 
@@ -219,7 +266,7 @@ def _say_first_start(cache_root: str) -> None:
                     os.path.join(cache_root, "torch_extensions"))
 
 
-def _compile(name: str, source: str, directory: str, what: str) -> tuple[Any, float]:
+def _compile(name: str, source: str, directory: str, what: str, isa: str) -> tuple[Any, float]:
     """(the ops, seconds spent waiting for another process's build): torch's build under the
     directory's lock, torch's own lock file (which only a dead build leaves there) cleared first."""
     from torch.utils.cpp_extension import load
@@ -230,7 +277,7 @@ def _compile(name: str, source: str, directory: str, what: str) -> tuple[Any, fl
             logger.info("%s: removed the lock file %s of a build that did not finish", what, stale)
             os.remove(stale)
         with Heartbeat(lambda s: logger.info("%s: still compiling %s (%.0f s)", what, os.path.basename(source), s)):
-            load(name=name, sources=[source], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+            load(name=name, sources=[source], extra_cflags=list(compile_flags(isa)), extra_ldflags=list(LDFLAGS),
                  build_directory=directory, is_python_module=False, verbose=False)
     return getattr(torch.ops, name), waited
 
@@ -244,12 +291,12 @@ def _first_error_line(text: str) -> str:
 
 @cache
 def build_extension(cache_root: str, source: str, what: str, fallback: str,
-                    op_names: tuple[str, ...]) -> ExtensionBuild:
+                    op_names: tuple[str, ...], isa: str = "auto") -> ExtensionBuild:
     """Builds (or reuses) the extension of `source` under `cache_root`, once per process; never
     raises. what / fallback: the kernel and the path taken without it, for the log lines;
     op_names: the ops it must register (a binary that loads without them is unavailable, as
-    happens under another torch's ABI)."""
-    name = build_name(source, cache_root)
+    happens under another torch's ABI); isa: the instruction-set level (ISA_LEVELS) it is built for."""
+    name = build_name(source, cache_root, isa)
     directory = build_directory(cache_root, name)
     missing = _missing_tools()
     if missing:
@@ -266,7 +313,7 @@ def build_extension(cache_root: str, source: str, what: str, fallback: str,
                 _say_first_start(cache_root)
                 logger.info("%s: compiling %s", what, os.path.basename(source))
             os.makedirs(directory, exist_ok=True)
-            ops, waited = _compile(name, source, directory, what)
+            ops, waited = _compile(name, source, directory, what, isa)
         for op_name in op_names:
             getattr(ops, op_name)  # raises AttributeError when the binary did not register it
         if not _is_stamped(binary, stamp):
@@ -294,9 +341,9 @@ def register_fake_once(build: ExtensionBuild, op_name: str, fake: Callable[..., 
         _FAKES.add(qualified)
 
 
-def build_paged_decode(cache_root: str, source: str = SOURCE) -> PagedDecodeBuild:
+def build_paged_decode(cache_root: str, source: str = SOURCE, isa: str = "auto") -> PagedDecodeBuild:
     """The in-place decode-attention kernel (the gather path without it)."""
-    build = build_extension(cache_root, source, "CPU decode attention", "gather path", ("paged_decode",))
+    build = build_extension(cache_root, source, "CPU decode attention", "gather path", ("paged_decode",), isa)
     return PagedDecodeBuild(build.ops.paged_decode if build.available else None, build.reason, build.directory,
                             build.seconds, build.cache_hit)
 
@@ -319,9 +366,9 @@ class PagedDecode:
         return (self.op is not None and num_decodes > 0
                 and (self.max_decodes is None or num_decodes <= self.max_decodes))
 
-    def load(self, cache_root: str, source: str = SOURCE) -> PagedDecodeBuild | None:
+    def load(self, cache_root: str, source: str = SOURCE, isa: str = "auto") -> PagedDecodeBuild | None:
         if self.enabled and self.build is None:
-            self.build = build_paged_decode(cache_root, source)
+            self.build = build_paged_decode(cache_root, source, isa)
             if self.build.available:
                 self.op_name = self.build.op.default.name()
         return self.build

@@ -1,12 +1,14 @@
-"""Decode-only steps through csrc/decode_layers.cpp: every decoder layer in C++, with no Python
-and no small torch op between the embedding and the LM head.
+"""Steps through csrc/decode_layers.cpp: every decoder layer in C++, with no Python and no small
+torch op between the embedding and the LM head.
 
 A model that declares the Llama decoder shape (core/models/layout.py: `decoder_layout()`)
 is turned, after prepare_model, into one `DecodeLayers` object holding each layer's norms and
 linear kernels (`linear_operands`: the modules prepare_model left in place, which the C++
-calls the same way their forward does). `FusedDecodeRunner` then runs a decode-only step as
-embedding -> rotary tables -> DecodeLayers.forward -> LM head, and every other step (prompt
-chunks, mixed steps, prompt logprobs) through the model's forward. `fused_program` says why
+calls the same way their forward does). `FusedDecodeRunner` then runs a step as embedding ->
+rotary tables -> DecodeLayers.forward -> LM head: every step of a model with block-format weights
+(prompt chunks and mixed steps too, each token a decode row: runner.py), and the decode-only
+steps of a float model, whose other steps (prompt chunks, mixed steps, prompt logprobs) run
+through the model's forward. `fused_program` says why
 a model cannot run this way (its layout, a linear kind, a dtype, a missing kernel); the
 backend then falls back to the compiled graphs or to eager steps, with the reason logged.
 
@@ -23,11 +25,10 @@ from torch import nn
 from switchyard.core.decode_batch import decode_rows_only
 from switchyard.core.layers import Linear
 from switchyard.core.models.layout import DecoderLayout
-from switchyard.core.runner import build_step_input
 
 from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
 from .linear import PackedLinear
-from .quant import DECODE_BATCH_ROWS, BlockLinear, Int4Linear, Int8Linear, QuantizedLinear, decode_step
+from .quant import BlockLinear, Int4Linear, Int8Linear, QuantizedLinear
 from .runner import CpuModelRunner
 
 DENSE, ONEDNN, BLOCKS, INT8, INT4, ROWS = range(6)  # csrc/decode_layers.cpp's linear kinds
@@ -40,11 +41,11 @@ def describe() -> str:
             "(fused decode layers, built at first start; no compiling at start); other models")
 
 
-def load_decode_layers(cache_root: str) -> ExtensionBuild:
+def load_decode_layers(cache_root: str, isa: str = "auto") -> ExtensionBuild:
     """The extension, unavailable (with the reason) when it did not build or registered no
     DecodeLayers class (a binary built against another torch's ABI loads without it)."""
     build = build_extension(cache_root, DECODE_LAYERS_SOURCE, "CPU fused decode layers",
-                            "decode steps run the model's layers", ())
+                            "decode steps run the model's layers", (), isa)
     if build.available:
         try:
             getattr(torch.classes, build.name).DecodeLayers
@@ -54,8 +55,8 @@ def load_decode_layers(cache_root: str) -> ExtensionBuild:
 
 
 def linear_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | str:
-    """(tensors [weight, aux, bias, batch, order], ints [kind, out_features, mode, batch_rows,
-    single_row_matvec]) of one linear module, as the C++ Linear takes them; or why it has none.
+    """(tensors [weight, aux, bias, batch, order], ints [kind, out_features, mode (blocks: activation
+    passes), batch_rows, single_row_matvec]) of one linear module, as the C++ Linear takes them; or why it has none.
     order: an act-order weight's input columns (QuantizedLinear.input_order), else empty."""
     operands = _kernel_operands(module, dtype)
     if isinstance(operands, str):
@@ -77,10 +78,8 @@ def _kernel_operands(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.
     if isinstance(module, QuantizedLinear):
         batch = _NONE if module.batch is None else module.batch._packed_batch
         rows = -1 if module.batch is None else module.batch_rows
-        if isinstance(module, BlockLinear):  # decode rows: the integer kernel up to DECODE_BATCH_ROWS
-            rows = -1 if module.batch_rows is None else max(module.batch_rows, DECODE_BATCH_ROWS)
-            mode = int(module.batch_dtype == torch.bfloat16)
-            return [module.packed, module.segments, bias, _NONE], [BLOCKS, module.out_features, mode, rows, 0]
+        if isinstance(module, BlockLinear):  # the integer kernel for any number of rows
+            return [module.packed, module.segments, bias, _NONE], [BLOCKS, module.out_features, module.passes, -1, 0]
         if isinstance(module, Int8Linear):
             return [module.qweight, module.scales, bias, batch], [INT8, module.out_features, 0, rows, 0]
         if isinstance(module, Int4Linear):
@@ -119,27 +118,29 @@ def fused_program(layout: DecoderLayout | None, build: ExtensionBuild, dtype: to
 
 
 class FusedDecodeRunner(CpuModelRunner):
-    """ModelRunner whose decode-only steps run the model's DecodeLayers program (see above)."""
+    """ModelRunner whose steps run the model's DecodeLayers program (see above): every step where
+    the model multiplies block-format weights (each token a decode row, runner.py), and decode-only
+    steps otherwise; the rest run the model's forward."""
 
     def __init__(self, model: nn.Module, backend, kv_caches: list[torch.Tensor], block_size: int,
                  layout: DecoderLayout, program) -> None:
         super().__init__(model, backend, kv_caches, block_size)
         self.layout, self.program = layout, program
         self.num_fused_steps = 0
+        self._step_is_fused = False
 
     @torch.inference_mode()
     def execute(self, scheduler_output):
-        if not decode_rows_only(scheduler_output):
-            return super().execute(scheduler_output)
-        step = build_step_input(scheduler_output, self.block_size, self.backend.device)
-        meta = step.meta  # one decode row per query token, a verify's too (core/runner.py decodes_by_row)
+        # prompt logits are the program's too: it returns every row's final hidden state
+        self._step_is_fused = self.by_row or decode_rows_only(scheduler_output)
+        return super().execute(scheduler_output)
+
+    def forward(self, step) -> torch.Tensor:
+        if not self._step_is_fused:
+            return super().forward(step)
+        meta = step.meta  # one decode row per query token (core/runner.py build_step_input)
         hidden = self.layout.embed(step.input_ids).contiguous()
         cos, sin = self.layout.rotary(step.positions, hidden.dtype)
-        hidden = self.program.forward(hidden, cos, sin, self.kv_caches, meta.slot_mapping, meta.block_table,
-                                      meta.seq_lens)
-        self.last_prompt_logits = {}
         self.num_fused_steps += 1
-        if step.logits_indices.shape[0] != hidden.shape[0]:
-            hidden = hidden[step.logits_indices]
-        with decode_step(self.block_linears):  # the head's rows as the layers' (the batch does not matter)
-            return self.model.compute_logits(hidden), step.sampling_request_ids
+        return self.program.forward(hidden, cos, sin, self.kv_caches, meta.slot_mapping, meta.block_table,
+                                    meta.seq_lens)

@@ -96,11 +96,11 @@ def rows_kernel_rows(dtype: torch.dtype) -> int:
     return ROWS_BESIDE_BF16 if torch.bfloat16 in dtypes else ROWS_BESIDE_FLOAT32
 
 
-def load_rows_kernel(cache_root: str) -> ExtensionBuild:
+def load_rows_kernel(cache_root: str, isa: str = "auto") -> ExtensionBuild:
     """Builds (or reuses) the bf16 row kernel (csrc/row_matmul.cpp); unavailable, with the reason,
     where it did not build or would run its portable loop (no AVX2: slower than oneDNN float32)."""
     build = build_extension(cache_root, ROWS_SOURCE, "CPU bf16 row matmul",
-                            "bf16 decode steps multiply float32 copies of the weights", ("bf16_rows_mm",))
+                            "bf16 decode steps multiply float32 copies of the weights", ("bf16_rows_mm",), isa)
     if build.available and build.ops.rows_mm_isa() == "portable":
         return ExtensionBuild(None, "no AVX2 on this CPU", build.directory, build.seconds, build.cache_hit)
     register_fake_once(build, "bf16_rows_mm",

@@ -4,33 +4,28 @@ prepare_model swaps every core Linear that holds a QuantizedWeight (core/quant) 
 these; each has Linear's contract (x [N, in] -> [N, out], float32 or bfloat16 in and out) and
 traces under torch.compile (aten ops; the C++ op has a fake implementation).
 
-- q4_0 / q4_1 / q8_0 (GGUF, and the q4_1 blocks --quantize int4 makes): `BlockLinear`,
-  csrc/block_matmul.cpp over the weight repacked once into 16-row tiles (block_pack.py; still
-  4 or 8 bits a weight), multiplied in integers (AVX512-VNNI, or AVX2) against activations rounded
-  to int8 per 32 values (llama.cpp's scheme; that rounding is the one difference from the
-  dequantized reference: outputs within ~1% of the largest). On a CPU with neither, or without
-  a compiler, q4 weights go through torch's int4 CPU kernel (`Int4Linear`,
-  `_weight_int4pack_mm_for_cpu`, groups of 32), which dequantizes w = (q - 8) * scale + zero:
-  q4_1's w = d*q + m is scale d, zero m + 8d; q4_0's w = d*(q - 8) is scale d, zero 0; and
-  q8_0 weights are dequantized, with the reason logged.
+- ggml block formats (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k: GGUF, and the q4_1 blocks
+  --quantize int4 makes): `BlockLinear`, csrc/block_matmul.cpp over the weight repacked once
+  into 16-row tiles (block_pack.py; still 4-8 bits a weight), multiplied in integers against
+  activations rounded to int8 per 32 values (llama.cpp's q8_0 activations), for every step
+  alike: decodes, prompt chunks and verify rows take the same arithmetic, so a request's tokens
+  do not depend on the batch, and no float copy of a weight is made. Loops: AMX tiles (steps of
+  16 rows or more), AVX512-VNNI, AVX2, or portable C++ (other CPUs, and `--cpu-isa portable`),
+  each built for the level the engine runs at (extension.py ISA_LEVELS). Without a compiler,
+  q4 weights go through torch's int4 CPU kernel (`Int4Linear`, `_weight_int4pack_mm_for_cpu`,
+  groups of 32), which dequantizes w = (q - 8) * scale + zero: q4_1's w = d*q + m is scale d,
+  zero m + 8d; q4_0's w = d*(q - 8) is scale d, zero 0; other formats are dequantized, with
+  the reason logged.
 - int8 (per output channel): `_weight_int8pack_mm`.
 Both torch kernels run in bfloat16 (scales in bf16; float32 activations are cast for the
-call): their float32 versions were 70x (int4) and 10x (int8) slower here at one row.
-Idle 2-core AMX Xeon, every linear of the default model's 30 layers in Q4_1 (one call each,
-bf16 rows; benchmarks/cpu_quant.py --kernels): block kernel / torch int4 at 1 row 2.05 / 3.79
-ms, 4 rows 2.98 / 6.44, 16 rows 9.76 / 21.3; packed bf16 11.6 ms at 16 rows, 14.6 at 32 rows,
-where the block kernel takes 16.6 (it is compute-bound there, bf16 oneDNN uses AMX).
-
-Batches of more than `batch_rows` rows go through a oneDNN-packed bf16 copy of the
-dequantized weight instead (the measurements above; torch's int4/int8 CPU kernels do not tile
-over rows: 32 rows of the default model's linears, int4 7x, int8 4x slower than packed bf16).
-That copy costs 2 bytes per weight on top of the packed ones; batch_rows=None keeps none.
+call): their float32 versions were 70x (int4) and 10x (int8) slower here at one row. Batches of
+more than `batch_rows` rows go through a oneDNN-packed bf16 copy of their dequantized weight
+(torch's int4/int8 CPU kernels do not tile over rows: 32 rows of the default model's linears,
+int4 7x, int8 4x slower than packed bf16); batch_rows=None keeps none.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from dataclasses import replace
 
 import torch
 from torch import nn
@@ -48,30 +43,6 @@ from .linear import PackedLinear, packable_dtypes
 logger = logging.getLogger(__name__)
 
 INT4_FORMATS = ("q4_0", "q4_1")
-FAST_BLOCK_ISAS = ("avx512-vnni", "avx2")  # block_mm_isa() values faster than torch's kernels
-# Decode-only steps (the fused C++ layers, fused_decode.py) take the integer kernel up to this many
-# rows and the batch path (the tiles dequantized per call, one oneDNN GEMM) past it. Idle 2-core
-# AMX Xeon, SmolLM2-1.7B's 24 layers of Q4_K linears (benchmarks/cpu_quant.py --kernels --shape
-# smollm2-1.7b --format q4_k), integer kernel / dequantized per call: 64 rows 374 / 1071 ms,
-# 128 rows 710 / 1138, 256 rows 1355 / 1322, 512 rows 2762 / 1614. Prompt chunks keep the
-# module's batch_rows (16): their first positions' outlier activations lose too much to the int8
-# rounding (the default model's chat answer went wrong, and Gemma 3's argmax drifted from the
-# dequantized file's), so they take the bf16 GEMM as before.
-DECODE_BATCH_ROWS = 256
-
-
-@contextlib.contextmanager
-def decode_step(modules: list[BlockLinear]):
-    """Within: `modules` (a model's BlockLinears) multiply up to DECODE_BATCH_ROWS rows with the
-    integer kernel, as the fused C++ decode layers do, so that a decode row's output does not
-    depend on how many rows share its step (a flag on each module: torch.compile traces it)."""
-    for module in modules:
-        module.in_decode_step = True
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.in_decode_step = False
 
 
 INNER_K_TILES = 2  # the int4 pack's tiling (2, 4 or 8 all divide the 576-wide default model)
@@ -165,45 +136,44 @@ class Int8Linear(QuantizedLinear):
 
 class BlockLinear(QuantizedLinear):
     """A block-format weight (or a fused weight's parts in their formats) repacked into
-    csrc/block_matmul.cpp's tiles (block_pack.py). Batches of more than `batch_rows` rows
-    dequantize the tiles into one `batch_dtype` matrix for the call and drop it after (no float
-    copy is kept): a big batch is compute-bound, where oneDNN's GEMM beats the integer loop.
-    `ops`: the loaded extension's namespace (fake implementations registered)."""
+    csrc/block_matmul.cpp's tiles (block_pack.py), multiplied in integers whatever the number of
+    rows: a prompt chunk, a decode and a verify row take one arithmetic (activations rounded to
+    int8 per 32 values, exact integer dots, the same float steps per output row), so a row's
+    output does not depend on the rows beside it (batch invariance) and no float copy of the
+    weight is ever made. `passes`: 2 also multiplies what rounding the activations to int8 lost
+    (ACTIVATION_PASSES: ~15-bit activations), 1 is llama.cpp's int8 alone. `ops`: the loaded
+    extension's namespace (fake implementations registered)."""
 
     def __init__(self, weight: QuantizedWeight | QuantizedParts, ops, bias: torch.Tensor | None = None,
-                 batch_rows: int | None = None, batch_dtype: torch.dtype = torch.float32):
-        super().__init__(weight, bias, batch_rows, keep_batch_copy=False)
+                 passes: int = 2):
+        super().__init__(weight, bias, None, keep_batch_copy=False)
         packed = pack_blocks(weight.parts if isinstance(weight, QuantizedParts) else weight, ops)
         self.register_buffer("packed", packed.data, persistent=False)
         self.register_buffer("segments", packed.segments, persistent=False)
-        self.batch_dtype = batch_dtype
-        self.ops = ops
-        self.in_decode_step = False  # set by decode_step()
-
-    def row_limit(self) -> int | None:
-        if self.batch_rows is not None and self.in_decode_step:
-            return max(self.batch_rows, DECODE_BATCH_ROWS)
-        return self.batch_rows
+        self.ops, self.passes = ops, passes
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.block_mm(x, self.packed, self.segments, self.out_features)
-
-    def multiply_batch(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.ops.block_dequantize(self.packed, self.segments, self.out_features, self.in_features,
-                                           self.batch_dtype)
-        return torch.nn.functional.linear(x.to(self.batch_dtype), weight).to(x.dtype)
+        return self.ops.block_mm(x, self.packed, self.segments, self.out_features, self.passes)
 
     def extra_repr(self) -> str:
-        batch = "" if self.batch_rows is None else f", batches over {self.batch_rows} rows: dequantized per call"
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.format}{batch}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.format}, integer kernel, "
+                f"{ACTIVATIONS_BY_PASSES[self.passes]} activations")
 
 
-def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE) -> ExtensionBuild:
+# EngineConfig.quantized_activations -> block_mm's passes: "int8x2" rounds the activations to
+# int8 per 32 values and then what that lost the same way (two integer products, ~15 bits; the
+# default: the default model's answers then match its dequantized float reference, where int8
+# alone, as llama.cpp multiplies, changed them); "int8" is llama.cpp's one pass.
+ACTIVATION_PASSES = {"int8x2": 2, "int8": 1}
+ACTIVATIONS_BY_PASSES = {passes: name for name, passes in ACTIVATION_PASSES.items()}
+
+
+def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE, isa: str = "auto") -> ExtensionBuild:
     """Builds (or reuses) the block-format matmul and registers its fake implementation (torch.compile)."""
     build = build_extension(cache_root, source, "CPU block-format matmul",
-                            "q4 weights through torch's int4 kernel, q8_0 dequantized", ("block_mm",))
+                            "q4 weights through torch's int4 kernel, q8_0 dequantized", ("block_mm",), isa)
     register_fake_once(build, "block_mm",
-                       lambda x, packed, segments, out_features: x.new_empty((x.shape[0], out_features)))
+                       lambda x, packed, segments, out_features, passes=1: x.new_empty((x.shape[0], out_features)))
     register_fake_once(build, "block_dequantize", lambda packed, segments, out_features, in_features, dtype:
                        packed.new_empty((out_features, in_features), dtype=dtype))
     return build
@@ -216,11 +186,10 @@ def block_formatted(weight: QuantizedWeight | QuantizedParts) -> bool:
 
 
 def kernel_module(weight: QuantizedWeight | QuantizedParts, bias: torch.Tensor | None, block_ops,
-                  batch_rows: int | None) -> nn.Module | None:
+                  batch_rows: int | None, passes: int = 2) -> nn.Module | None:
     """The kernel module of one weight, or None when this CPU has none for its format."""
     if block_ops is not None and block_formatted(weight):
-        batch_dtype = torch.bfloat16 if torch.bfloat16 in packable_dtypes() else torch.float32
-        return BlockLinear(weight, block_ops, bias, batch_rows, batch_dtype)
+        return BlockLinear(weight, block_ops, bias, passes)
     if isinstance(weight, QuantizedParts):
         return None
     if weight.format in INT4_FORMATS:
@@ -233,21 +202,20 @@ def kernel_module(weight: QuantizedWeight | QuantizedParts, bias: torch.Tensor |
 
 
 @torch.inference_mode()
-def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: int | None) -> int:
+def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: int | None,
+                   activations: str = "int8x2") -> int:
     """Replaces every Linear that holds a QuantizedWeight by its kernel module (returns how
     many); a weight with no kernel here is dequantized into the Linear's float weight (which
     pack_linears then packs), with one logged reason per format."""
     block_ops = blocks.ops if blocks is not None and blocks.available else None
-    if block_ops is not None and block_ops.block_mm_isa() not in FAST_BLOCK_ISAS:
-        # the portable loop is for correctness, not speed: torch's int4 kernel and a float
-        # q8_0 weight are faster than it
-        block_ops, blocks = None, replace(blocks, ops=None, reason="the block kernel needs AVX512-VNNI or AVX2")
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, Linear) and module.quantized is not None]
     if block_ops is not None and any(block_formatted(module.quantized) for _, module in targets):
-        amx_rows = block_ops.block_mm_amx_rows()
-        logger.info("block-format weights: integer kernel %s%s", block_ops.block_mm_isa(),
-                    f", AMX tiles for steps of {amx_rows} rows or more" if amx_rows else "")
+        amx_rows, isa = block_ops.block_mm_amx_rows(), block_ops.block_mm_isa()
+        logger.info("block-format weights: integer kernel %s, %s activations%s%s", isa, activations,
+                    f", AMX tiles for steps of {amx_rows} rows or more" if amx_rows else "",
+                    ": this CPU (or the level asked) has neither AVX2 nor AVX512-VNNI, so the plain C++ loop "
+                    "multiplies them, correct but slow" if isa == "portable" else "")
     dequantized: set[str] = set()
     mapped, packed = MappedWeightPages(), 0
     # `targets` keeps each replaced Linear (and a fused projection's copied blocks) until the end.
@@ -257,7 +225,7 @@ def pack_quantized(model: nn.Module, blocks: ExtensionBuild | None, batch_rows: 
     # packed: that costs nothing.
     for name, module in targets:
         weight, bias = module.quantized, None if module.bias is None else module.bias.detach()
-        kernel = kernel_module(weight, bias, block_ops, batch_rows)
+        kernel = kernel_module(weight, bias, block_ops, batch_rows, ACTIVATION_PASSES[activations])
         if kernel is None:
             module.weight = nn.Parameter(float_weight(weight, module.weight.dtype), requires_grad=False)
             module.quantized = None

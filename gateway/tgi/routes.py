@@ -190,4 +190,5 @@ async def info(request: Request) -> SafeJSONResponse:
         "max_batch_total_tokens": engine.max_batch_total_tokens if engine else None,
         "model_device_type": engine.backend if engine else None, "server": "switchyard",
         "speculate": engine.speculate if engine else None,  # TGI's: proposed tokens verified per step
+        "isa": (engine.isa or None) if engine else None,  # ours: the instruction set the kernels run at
     })

@@ -129,9 +129,11 @@ def test_switchyard_backends_says_what_the_cpu_runtime_chose(capsys, monkeypatch
     from switchyard.gateway import cli
 
     monkeypatch.setattr(cpu_backend_module, "this_machine", lambda sharded=False: CpuRuntime(TCMALLOC, IOMP, (0, 1), True))
-    monkeypatch.setattr(cpu_backend_module, "preferred_dtype", lambda: "bfloat16")
+    monkeypatch.setattr(cpu_backend_module, "preferred_dtype", lambda flags=None: "bfloat16")
+    monkeypatch.setattr(cpu_backend_module, "isa_levels", lambda: ("portable", "avx2"))
     assert cli.main(["backends"]) == 0
     out = capsys.readouterr().out
-    assert "dtype auto = bfloat16 (of float32, bfloat16)" in out
+    assert "dtype auto = bfloat16 (of float32, bfloat16); float32 for gguf, int4 (integer products)" in out
+    assert "instruction sets (--cpu-isa): portable, avx2 (auto: avx2)" in out
     assert (f"runtime (serve --runtime tuned): allocator tcmalloc ({TCMALLOC.path}); OpenMP Intel OpenMP "
             f"({IOMP.path}); 2 threads on cores 0,1, bound") in out

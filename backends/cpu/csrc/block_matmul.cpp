@@ -4,7 +4,7 @@
 #include "extension_library.h"
 
 SWITCHYARD_LIBRARY(m) {
-  m.def("block_mm(Tensor x, Tensor packed, Tensor segments, int out_features) -> Tensor");
+  m.def("block_mm(Tensor x, Tensor packed, Tensor segments, int out_features, int passes=1) -> Tensor");
   m.impl("block_mm", c10::DispatchKey::CPU, &blocks::block_mm);
   m.def("block_dequantize(Tensor packed, Tensor segments, int out_features, int in_features, ScalarType dtype) -> Tensor");
   m.impl("block_dequantize", c10::DispatchKey::CPU, &blocks::block_dequantize);

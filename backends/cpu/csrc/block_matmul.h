@@ -20,7 +20,8 @@
 //
 // x [M, K] (float32 or bfloat16) is first rounded per 32 values to int8 qa with scale
 // e = max|x| / 127 (llama.cpp's q8_0 activations), with s = e * sum(qa) per block and per half
-// block. Then
+// block; with two passes, what that rounding lost is rounded the same way into a second row of
+// qa, multiplied as another input row, and the two rows' outputs are summed. Then
 //   out[m, n] = sum_groups  d e * sum_k(u qa)  +  c s
 // where sum_k(u qa) is vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
 // activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
@@ -102,10 +103,9 @@ inline void transpose_scales(QuantizedInput& in, int64_t M, int64_t blocks) {
   }
 }
 
-template <typename T>
-void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out, float* half_out) {
-  float x[kBlock];
-  for (int64_t j = 0; j < kBlock; ++j) x[j] = static_cast<float>(v[j]);
+// One block of 32 values rounded to int8 with e = max|x| / 127; x is left holding what the
+// rounding lost (x - e qa), for a second pass.
+inline void quantize_block(float* x, int8_t* q, float* e_out, float* s_out, float* half_out) {
   float amax = 0.0f;
   for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float e = amax / 127.0f;
@@ -114,6 +114,7 @@ void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out, float* ha
   for (int64_t j = 0; j < kBlock; ++j) {
     q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inverse));
     sum[j / 16] += q[j];
+    x[j] -= e * static_cast<float>(q[j]);
   }
   *e_out = e;
   *s_out = e * static_cast<float>(sum[0] + sum[1]);
@@ -121,20 +122,31 @@ void quantize_block(const T* v, int8_t* q, float* e_out, float* s_out, float* ha
   half_out[1] = e * static_cast<float>(sum[1]);
 }
 
-// `padded_rows` (>= M) > 0 (AMX): qa has that many rows, those past M zero, and the scales are
-// also laid out block-major (transpose_scales); 0: M rows.
+// `passes` rows of int8 blocks per input row m (rows passes*m + p): pass 0 is x rounded to
+// int8 per 32 values (llama.cpp's q8_0 activations), pass 1 what that rounding lost, rounded
+// the same way, so that the two together carry x to about 15 bits (see block_mm).
+// `padded_rows` (>= passes M) > 0 (AMX): qa has that many rows, those past passes M zero, and the
+// scales are also laid out block-major (transpose_scales); 0: passes M rows.
 template <typename T>
-QuantizedInput quantize_input(const T* x, int64_t M, int64_t K, int64_t padded_rows) {
+QuantizedInput quantize_input(const T* x, int64_t M, int64_t K, int64_t padded_rows, int64_t passes) {
   const bool amx = padded_rows > 0;
-  if (!amx) padded_rows = M;
-  const int64_t blocks = M * (K / kBlock);
+  const int64_t rows = passes * M, per_row = K / kBlock;
+  if (!amx) padded_rows = rows;
+  const int64_t blocks = rows * per_row;
   QuantizedInput in{std::vector<int8_t>(padded_rows * K), std::vector<float>(blocks), std::vector<float>(blocks),
                     std::vector<float>(2 * blocks), amx, padded_rows};
-  at::parallel_for(0, blocks, 512, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)  // block i of the flattened [M, K] (K is a multiple of 32)
-      quantize_block(x + i * kBlock, in.q.data() + i * kBlock, &in.scale[i], &in.scaled_sum[i], &in.half_sum[2 * i]);
+  at::parallel_for(0, M * per_row, 512, [&](int64_t begin, int64_t end) {
+    float v[kBlock];
+    for (int64_t i = begin; i < end; ++i) {  // block i of the flattened [M, K] (K is a multiple of 32)
+      for (int64_t j = 0; j < kBlock; ++j) v[j] = static_cast<float>(x[i * kBlock + j]);
+      const int64_t m = i / per_row, b = i % per_row;
+      for (int64_t p = 0; p < passes; ++p) {
+        const int64_t at = (passes * m + p) * per_row + b;
+        quantize_block(v, in.q.data() + at * kBlock, &in.scale[at], &in.scaled_sum[at], &in.half_sum[2 * at]);
+      }
+    }
   });
-  if (amx) transpose_scales(in, M, K / kBlock);
+  if (amx) transpose_scales(in, rows, per_row);
   return in;
 }
 
@@ -594,32 +606,45 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   }
 }
 #else
+template <int64_t Bits>
+inline void record_u(const uint8_t* payload, uint8_t u[kTileRows][kBlock]);
+
+// The portable loop: each record's u unpacked once per tile (record_u), then plain integer dots
+// the compiler vectorises, scaled and summed per row in the vector loops' order (acc: the d e dot
+// terms, acc_c: the c s terms, added at the end).
 template <int64_t Bits, int64_t Group, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
   const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  constexpr int64_t G = groups_of(Group);
+  std::vector<uint8_t> unpacked(blocks * kTileRows * kBlock);
+  auto* u = reinterpret_cast<uint8_t(*)[kTileRows][kBlock]>(unpacked.data());
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * blocks * record;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
+    for (int64_t b = 0; b < blocks; ++b) record_u<Bits>(tile + b * record + header_bytes(Group), u[b]);
     for (int64_t m = 0; m < M; ++m) {
-      float acc[kTileRows] = {};
+      float acc[kTileRows] = {}, acc_c[kTileRows] = {};
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* rec = tile + b * record;
         const int64_t at = m * blocks + b;
         const int8_t* a = in.q.data() + at * kBlock;
-        for (int64_t r = 0; r < kTileRows; ++r) {
-          for (int64_t g = 0; g < groups_of(Group); ++g) {
+        for (int64_t g = 0; g < G; ++g) {
+          const float e = in.scale[at], s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
+          for (int64_t r = 0; r < kTileRows; ++r) {
             uint16_t d_bits, c_bits;
             std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
             std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
             int32_t dot = 0;
-            for (int64_t k = g * Group; k < (g + 1) * Group; ++k) dot += weight_u<Bits>(rec + header_bytes(Group), r, k) * a[k];
-            const float s = Group == kBlock ? in.scaled_sum[at] : in.half_sum[2 * at + g];
-            acc[r] += half_to_float(d_bits) * in.scale[at] * static_cast<float>(dot) + half_to_float(c_bits) * s;
+            for (int64_t k = g * Group; k < (g + 1) * Group; ++k) dot += static_cast<int32_t>(u[b][r][k]) * a[k];
+            acc[r] = std::fma(static_cast<float>(dot), half_to_float(d_bits) * e, acc[r]);
+            acc_c[r] = std::fma(half_to_float(c_bits), s, acc_c[r]);
           }
         }
       }
-      store_row(out + m * N + t * kTileRows, acc, rows_here);
+      float values[kTileRows];
+      for (int64_t r = 0; r < kTileRows; ++r) values[r] = acc[r] + acc_c[r];
+      store_row(out + m * N + t * kTileRows, values, rows_here);
     }
   }
 }
@@ -688,29 +713,47 @@ inline int64_t padded_rows(int64_t M) {
 }
 
 template <typename T>
-void run(const at::Tensor& x, const uint8_t* packed, const std::vector<Segment>& segments, at::Tensor& out, int64_t N) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K, padded_rows(M));
-  T* op = out.data_ptr<T>();
-  for_tiles(segments, [&](const Segment& s, int64_t begin, int64_t end) {
-    dispatch_layout(s, [&](auto bits, auto group) {
-      tiles<decltype(bits)::value, decltype(group)::value>(in, packed + s.offset, op + s.row0, M, N, K, s.rows, begin, end);
+void run(const at::Tensor& x, const uint8_t* packed, const std::vector<Segment>& segments, at::Tensor& out, int64_t N,
+         int64_t passes) {
+  const int64_t M = x.size(0), K = x.size(1), rows = passes * M;
+  const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K, padded_rows(rows), passes);
+  const auto multiply = [&](auto* op) {
+    for_tiles(segments, [&](const Segment& s, int64_t begin, int64_t end) {
+      dispatch_layout(s, [&](auto bits, auto group) {
+        tiles<decltype(bits)::value, decltype(group)::value>(in, packed + s.offset, op + s.row0, rows, N, K, s.rows,
+                                                             begin, end);
+      });
     });
+  };
+  if (passes == 1) return multiply(out.data_ptr<T>());
+  // Two passes: each output is its rows' products summed in float32, pass 0 then pass 1.
+  std::vector<float> parts(rows * N);
+  multiply(parts.data());
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      for (int64_t n = 0; n < N; ++n) op[m * N + n] = static_cast<T>(parts[2 * m * N + n] + parts[(2 * m + 1) * N + n]);
   });
 }
 
-at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& segments, int64_t out_features) {
+// passes: 1 rounds the activations to int8 per 32 values, as llama.cpp's CPU backend does; 2
+// also multiplies what that rounding lost (rounded the same way) with the same weights, so the
+// activations carry about 15 bits for twice the integer work (a memory-bound step, e.g. one
+// decode of a small model, hardly pays it). Either way a row's output depends on that row alone.
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& segments, int64_t out_features,
+                    int64_t passes) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "block_mm: x must be float32 or bfloat16 [M, K]");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "block_mm: packed must be contiguous uint8");
+  TORCH_CHECK(passes == 1 || passes == 2, "block_mm: passes must be 1 or 2");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   TORCH_CHECK(K % kBlock == 0, "block_mm: x's width must be a multiple of 32");
   const std::vector<Segment> parts = read_segments(segments, K, N, packed.numel());
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
-  if (x.scalar_type() == at::kFloat) run<float>(xc, packed.data_ptr<uint8_t>(), parts, out, N);
-  else run<c10::BFloat16>(xc, packed.data_ptr<uint8_t>(), parts, out, N);
+  if (x.scalar_type() == at::kFloat) run<float>(xc, packed.data_ptr<uint8_t>(), parts, out, N, passes);
+  else run<c10::BFloat16>(xc, packed.data_ptr<uint8_t>(), parts, out, N, passes);
   return out;
 }
 

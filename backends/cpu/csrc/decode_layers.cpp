@@ -3,7 +3,8 @@
 //
 // backends/cpu/fused_decode.py builds a `DecodeLayers` (a TorchBind class) from the model's
 // declared layout (core/models/layout.py) after prepare_model, and calls `forward` with the
-// step's embedded tokens. Per layer, for M rows (one decode each):
+// step's embedded tokens. Per layer, for M rows (each a decode row: a decode, a verify row, or a
+// prompt token attending to the cache up to its own position, backends/cpu/runner.py):
 //   hidden += delta; x = rms_norm(hidden) * w1        (delta: the previous layer's MLP output)
 //   qkv = x W_qkv^T (+ b)
 //   [q_norm, k_norm: per-head RMSNorm]  rotary on q and k  (the model's cos / signed-sin tables)
@@ -20,8 +21,9 @@
 //   0 dense: at::linear (or matrix-vector for one row, as core/layers/linear.py decides)
 //   1 onednn: a weight packed by oneDNN (linear.py), mkldnn::_linear_pointwise (in float32 for a
 //     bf16 weight where oneDNN packs no bf16)
-//   2 blocks: ggml block-format tiles in segments (block_matmul.h); batches over batch_rows
-//     rows dequantize the tiles for the call (in bf16 where `mode` is 1, else float32)
+//   2 blocks: ggml block-format tiles in segments (block_matmul.h), in integers for any number
+//     of rows, with `mode` activation passes (1 or 2, block_mm) (one arithmetic for prompt and decode rows: a row's output is the same bits
+//     whatever rows share its call)
 //   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
 //   5 rows: a bf16 weight in the row kernel's tiles (row_matmul.h) up to batch_rows rows, and
 //     as its float32 oneDNN packing beyond (linear.py, CPUs without bf16 packing)
@@ -57,7 +59,7 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const st
 }
 
 struct Linear {
-  int64_t kind = kDense, out_features = 0, mode = 0, batch_rows = -1;  // mode: blocks' batch dtype
+  int64_t kind = kDense, out_features = 0, mode = 0, batch_rows = -1;  // mode: blocks' activation passes
   bool single_row_matvec = false;
   // dense/onednn/rows: weight; blocks: packed + segments; int8: qweight + scales; int4: packed +
   // scales_and_zeros
@@ -84,14 +86,10 @@ struct Linear {
       return onednn_linear(x.to(packed.scalar_type()), packed, bias).to(x.scalar_type());
     }
     at::Tensor out;
-    if (kind == kBlocks && batch_rows >= 0 && x.size(0) > batch_rows) {
-      const at::ScalarType dtype = mode == 1 ? at::kBFloat16 : at::kFloat;
-      const at::Tensor w = blocks::block_dequantize(weight, aux, out_features, x.size(1), dtype);
-      out = at::linear(x.to(dtype), w).to(x.scalar_type());
-    } else if (batch && x.size(0) > batch_rows) {
+    if (kind != kBlocks && batch && x.size(0) > batch_rows) {
       out = onednn_linear(x.to(at::kBFloat16), *batch, std::nullopt).to(x.scalar_type());
     } else if (kind == kBlocks) {
-      out = blocks::block_mm(x, weight, aux, out_features);
+      out = blocks::block_mm(x, weight, aux, out_features, mode);
     } else if (kind == kInt8) {
       out = at::_weight_int8pack_mm(x.to(at::kBFloat16), weight, aux).to(x.scalar_type());
     } else {
