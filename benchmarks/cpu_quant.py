@@ -12,10 +12,10 @@ the float weights. --profile: torch.profiler's top ops of decode steps at concur
 --forward: instead of engine steps, the model's forward + logits of one decode step alone
 (no scheduler or sampling; min over rounds of the mean of 5 calls), steadier on a busy machine.
 --kernels: no model; every linear of --shape's layers once (the default model's 30, or
-SmolLM2-1.7B's 24), in --format (random valid blocks), through the block kernel (and torch's
-int4 kernel for q4_0/q4_1, the tiles dequantized for each call and multiplied by oneDNN (the
-batch path), and the same shapes in bf16 packed by oneDNN for the default model's), for each --concurrency as the number of rows (best of 10 passes), with the block
-kernel's rate of reading the weights.
+SmolLM2-1.7B's 24), in --format (random valid blocks), through the block kernel with two
+activation passes (the default) and with one (and torch's int4 kernel for q4_0/q4_1, and the
+same shapes in bf16 packed by oneDNN for the default model's), for each --concurrency as the
+number of rows (best of 10 passes), with the block kernel's rate of reading the weights.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ SHAPES = {"smollm2-135m": ((960, 576), (576, 576), (3072, 576), (576, 1536), 30)
 
 def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135m") -> None:
     """Prints the --kernels table (see the module docstring)."""
-    from switchyard.backends.cpu.linear import PackedLinear, packable_dtypes
+    from switchyard.backends.cpu.linear import PackedLinear
     from switchyard.backends.cpu.quant import BlockLinear, Int4Linear, load_block_kernel
     from switchyard.core.loader.gguf_cache import default_cache_root
     from switchyard.core.quant import BLOCK_WEIGHTS
@@ -77,9 +77,8 @@ def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135
                for seed in range(layers)]
     nbytes = sum(w.nbytes for layer in weights for w in layer)
     with torch.inference_mode():
-        batch_dtype = torch.bfloat16 if torch.bfloat16 in packable_dtypes() else torch.float32
-        kinds = {"block": [BlockLinear(w, ops) for layer in weights for w in layer],
-                 "dequantized per call": [BlockLinear(w, ops, None, 0, batch_dtype) for layer in weights for w in layer]}
+        kinds = {"block int8x2": [BlockLinear(w, ops) for layer in weights for w in layer],
+                 "block int8": [BlockLinear(w, ops, None, 1) for layer in weights for w in layer]}
         if fmt in ("q4_0", "q4_1"):
             kinds["torch int4"] = [Int4Linear(w) for layer in weights for w in layer]
         if shape == "smollm2-135m":
@@ -94,7 +93,7 @@ def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135
                     for module in modules:
                         module(inputs[module.in_features])
                     best = min(best, time.perf_counter() - start)
-                rate = f" ({nbytes / best / 1e9:.1f} GB/s of {fmt})" if name == "block" else ""
+                rate = f" ({nbytes / best / 1e9:.1f} GB/s of {fmt})" if name.startswith("block") else ""
                 figures.append(f"{name} {best * 1e3:.2f} ms{rate}")
             print(f"{shape} {fmt}, {rows:>3} rows: " + ", ".join(figures))
 

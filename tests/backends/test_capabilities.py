@@ -53,6 +53,25 @@ def test_auto_dtype_becomes_the_backends_preferred_one():
     assert settled.model.dtype == "bfloat16"
 
 
+def test_auto_dtype_is_float32_for_integer_multiplied_weights_and_follows_a_forced_level():
+    caps = replace(CAPS, preferred_dtype="bfloat16", quantizations=("gguf",), integer_quantizations=("gguf",),
+                   isa_levels=(("avx2", "float32"), ("avx512-vnni", "bfloat16")))
+    gguf = check_capabilities("b", caps, EngineConfig(model=ModelConfig(dtype="auto")))
+    assert (gguf.model.quantize, gguf.model.dtype) == ("gguf", "float32")
+    floats = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy", dtype="auto"))
+    assert check_capabilities("b", caps, floats).model.dtype == "bfloat16"
+    assert check_capabilities("b", caps, replace(floats, isa="avx2")).model.dtype == "float32"
+
+
+def test_an_instruction_set_level_the_backend_cannot_run_is_refused_in_one_line():
+    caps = replace(CAPS, isa_levels=(("portable", "float32"), ("avx2", "float32")))
+    with pytest.raises(BackendCapabilityError, match=r"^backend 'b' cannot run at instruction-set level 'amx' here; "
+                                                     r"it can: auto, portable, avx2$"):
+        check_capabilities("b", caps, EngineConfig(model=TINY, isa="amx"))
+    with pytest.raises(BackendCapabilityError, match="it can: auto$"):
+        check_capabilities("b", CAPS, EngineConfig(model=TINY, isa="avx2"))
+
+
 def test_an_undeclared_quantization_is_refused_in_one_line():
     with pytest.raises(BackendCapabilityError, match=r"^backend 'b' does not support --quantize awq; "
                                                      r"it supports: int8, gguf$"):

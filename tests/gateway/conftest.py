@@ -1,9 +1,10 @@
 """A real server for the gateway tests: uvicorn on a free port, the default model,
 driven over HTTP by the real client libraries.
 
-One engine (the default model) is loaded once per session and shared by every
-server; `start_server(**settings)` starts another uvicorn app (other limits, an API
-key, ...) on the same engine and background event loop."""
+One engine (the default model, served as `switchyard serve` serves it by default: the packed
+GGUF, integer kernels, every step in C++) is loaded once per session and shared by every
+server; `start_server(**settings)` starts another uvicorn app (other limits, an API key, ...)
+on the same engine and background event loop, `start_server(client=...)` one on another engine."""
 from __future__ import annotations
 
 import asyncio
@@ -15,12 +16,10 @@ from dataclasses import dataclass, replace
 import httpx
 import pytest
 
+from served_engine import MODEL_NAME, default_engine_config, start_engine, stop_engine
 from switchyard.core.client import InProcessEngineClient
-from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
-
-MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @dataclass
@@ -65,55 +64,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _engine_factory():
-    from switchyard.core.engine import EngineCore
-    from switchyard.core.loader import load_tokenizer
-
-    # the GGUF dequantized (--quantize none): the tests compare answers token for token across
-    # batches and prefix-cache hits, which the packed blocks' two kernels (int8 activations for a
-    # few rows, a bf16 GEMM for many) do not promise
-    config = EngineConfig(model=ModelConfig(quantize="none"), cache=CacheConfig(num_blocks=2048),
-                          scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64))
-    tokenizer = load_tokenizer(config.model)
-    return EngineCore(config, tokenizer=tokenizer), tokenizer
-
-
 @pytest.fixture(scope="session")
 def engine_client():
-    client = InProcessEngineClient(_engine_factory)
-    client.start()
-    deadline = time.monotonic() + 300
-    while not client.ready:
-        if client.startup_error is not None:
-            raise client.startup_error
-        assert time.monotonic() < deadline, "engine did not start"
-        time.sleep(0.05)
+    client = start_engine(default_engine_config())
     yield client
-    asyncio.run(client.shutdown())
+    stop_engine(client)
 
 
 @pytest.fixture(scope="session")
 def start_server(engine_client):
-    """start_server(**ServerSettings fields) -> RunningServer (stopped at session end)."""
-    import uvicorn
-
+    """start_server(client=the default engine, **ServerSettings fields) -> RunningServer (stopped at
+    session end)."""
     loop_thread = _LoopThread()
     servers = []
 
-    def start(**overrides) -> RunningServer:
-        settings = replace(ServerSettings(model_id=MODEL_NAME), **overrides)
-        app = create_app(settings, engine_client)
-        port = _free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=2)
-        server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # not the main thread
-        asyncio.run_coroutine_threadsafe(server.serve(), loop_thread.loop)
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        running = RunningServer(f"http://127.0.0.1:{port}", app, engine_client, server)
+    def start(client=engine_client, **overrides) -> RunningServer:
+        running = serve(loop_thread, client, replace(ServerSettings(model_id=MODEL_NAME), **overrides))
         servers.append(running)
         return running
 
@@ -121,6 +87,24 @@ def start_server(engine_client):
     for running in servers:
         running.uvicorn_server.should_exit = True
     time.sleep(0.3)
+
+
+def serve(loop_thread: _LoopThread, client, settings: ServerSettings) -> RunningServer:
+    """A uvicorn app of `settings` over `client`, started on a free port of `loop_thread`'s loop."""
+    import uvicorn
+
+    app = create_app(settings, client)
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # not the main thread
+    asyncio.run_coroutine_threadsafe(server.serve(), loop_thread.loop)
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    return RunningServer(f"http://127.0.0.1:{port}", app, client, server)
 
 
 @pytest.fixture(scope="session")

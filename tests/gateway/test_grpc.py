@@ -354,8 +354,9 @@ def test_grpc_port_flag_and_checks():
 
 def test_stream_open_at_the_drain_deadline_ends_unavailable(start_grpc, grpc_loop):
     http_server, server, channel = start_grpc(graceful_shutdown_s=1.0)
+    params = pb.Parameters(method=pb.GREEDY, stopping=pb.StoppingCriteria(max_new_tokens=1000, min_new_tokens=1000))
     call = pb_grpc.GenerationServiceStub(channel).GenerateStream(pb.SingleGenerationRequest(
-        request=pb.GenerationRequest(text=PROMPT), params=greedy(1000)), timeout=120)
+        request=pb.GenerationRequest(text=PROMPT), params=params), timeout=120)  # still streaming at the deadline
     next(call)
     grpc_loop.loop.call_soon_threadsafe(server.drain.begin)
     with pytest.raises(grpc.RpcError) as caught:
