@@ -22,7 +22,6 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from switchyard.core.decode_batch import decode_rows_only
 from switchyard.core.layers import Linear
 from switchyard.core.models.layout import DecoderLayout
 
@@ -127,16 +126,11 @@ class FusedDecodeRunner(CpuModelRunner):
         super().__init__(model, backend, kv_caches, block_size)
         self.layout, self.program = layout, program
         self.num_fused_steps = 0
-        self._step_is_fused = False
-
-    @torch.inference_mode()
-    def execute(self, scheduler_output):
-        # prompt logits are the program's too: it returns every row's final hidden state
-        self._step_is_fused = self.by_row or decode_rows_only(scheduler_output)
-        return super().execute(scheduler_output)
 
     def forward(self, step) -> torch.Tensor:
-        if not self._step_is_fused:
+        # a float model's step with prompt tokens or prompt logprobs runs the model's forward
+        decode_rows = step.meta.num_decodes == step.input_ids.shape[0] and not step.prompt_logits_spans
+        if not (self.by_row or decode_rows):
             return super().forward(step)
         meta = step.meta  # one decode row per query token (core/runner.py build_step_input)
         hidden = self.layout.embed(step.input_ids).contiguous()
