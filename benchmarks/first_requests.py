@@ -37,9 +37,14 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 600.0) -> N
     raise RuntimeError("the server did not become healthy")
 
 
-def ttft(port: int, prompt: str) -> float:
+def model_id(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as answer:
+        return json.load(answer)["data"][0]["id"]
+
+
+def ttft(port: int, prompt: str, model: str) -> float:
     """Seconds from sending a streamed chat request to its first content delta."""
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
                        "temperature": 0, "stream": True}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
                                      {"Content-Type": "application/json"})
@@ -56,7 +61,8 @@ def measure(name: str, command: list[str], port: int, requests: int) -> list[flo
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(port, proc)
-        times = [ttft(port, PROMPTS[i % len(PROMPTS)]) for i in range(requests)]
+        model = model_id(port)
+        times = [ttft(port, PROMPTS[i % len(PROMPTS)], model) for i in range(requests)]
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -76,6 +76,9 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
     loop.run()
 
 
+WARM_UP_PROMPT_TOKENS = 40  # about a short chat turn with its template
+
+
 class EngineLoop:
     def __init__(self, channel: Channel, engine, tokenizer, health_interval_s: float = HEALTH_INTERVAL_S,
                  tracer: EngineTracer | None = None):
@@ -88,11 +91,17 @@ class EngineLoop:
         self._request_ids: set[str] = set()  # added and not yet finished or aborted
 
     def warm_up(self) -> None:
+        """What the first requests would pay is paid here, before Ready: a step of prompt chunks as
+        long as a chat turn's, decodes of two requests side by side, and the allocations of both
+        (the shapes a first request meets; measured by benchmarks/first_requests.py)."""
         from .params import SamplingParams
 
-        ids = self.tokenizer.encode("Warm-up") or [0]
-        self.engine.add_request(Request("warm-up", ids, SamplingParams(max_tokens=2, temperature=0.0,
-                                                                        ignore_eos=True)))
+        length = max(1, min(WARM_UP_PROMPT_TOKENS, self.engine.info.max_model_len - 8))
+        ids = ((self.tokenizer.encode("Warm-up") or [0]) * length)[:length]
+        for i in range(2):
+            prompt = ids[:max(1, length - 8 * i)]
+            self.engine.add_request(Request(f"warm-up-{i}", prompt, SamplingParams(max_tokens=4, temperature=0.0,
+                                                                                   ignore_eos=True)))
         while self.engine.has_unfinished_requests():
             self.engine.step()
 
