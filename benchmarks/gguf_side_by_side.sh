@@ -3,8 +3,13 @@
 # both at once), each driven by the peers' load generator (/work/shared/peers/bench_openai.py),
 # with the peak RSS of each server's whole process tree (issue 25).
 #
-#   benchmarks/gguf_side_by_side.sh build          # llama-server + llama-quantize, converter venv, bench venv
+#   benchmarks/gguf_side_by_side.sh build [avx2]   # llama-server, -quantize, -perplexity; converter + bench venvs
 #   benchmarks/gguf_side_by_side.sh FILE.gguf [extra `switchyard serve` args...]
+#
+# `build` builds llama.cpp for this CPU into $PEERS/llama-server-build; `build avx2` builds it at
+# the AVX2 level (no AVX-512, whatever the CPU has) into $PEERS/llama-avx2-build, to compare at
+# one ISA level (see /work/shared/peers/README.md). LLAMA_BUILD picks the build folder that
+# serves (default $PEERS/llama-server-build), e.g. LLAMA_BUILD=$PEERS/llama-avx2-build.
 #
 # Rows (ROWS, default "1:8 8:32 32:64 long"): C:N = N requests, C in flight, 128 forced output
 # tokens (ignore_eos + min_tokens), the 64 built-in short prompts; "long" = c=1, LONG_N (4)
@@ -27,21 +32,29 @@ PEERS=${PEERS:-$HOME/.cache/switchyard-peers}
 HERE=$(cd "$(dirname "$0")" && pwd)
 V=0.3.36
 SRC=$PEERS/src/llama_cpp_python-$V/vendor/llama.cpp
-BUILD=$PEERS/llama-server-build
+BUILD=${LLAMA_BUILD:-$PEERS/llama-server-build}
 BENCH=${BENCH:-$HERE/../../shared/peers/bench_openai.py}  # the peers' load generator, beside the checkout
 BPY=$PEERS/bench-venv/bin/python
 
 if [ "${1:-}" = build ]; then
   set -e
   # llama.cpp from the llama-cpp-python sdist, as /work/shared/peers/build_llama_server.sh,
-  # plus llama-quantize. On AMX CPUs -DGGML_NATIVE=ON builds ggml's AMX path, whose worker
-  # threads die with SIGILL on the first request (README): build AVX-512 by name there.
+  # plus llama-quantize and llama-perplexity. On AMX CPUs -DGGML_NATIVE=ON builds ggml's AMX path,
+  # whose worker threads die with SIGILL on the first request (README): build AVX-512 by name there.
+  ISA=${2:-native}
   mkdir -p $PEERS/dl $PEERS/src $PEERS/logs $PEERS/results
   [ -f $PEERS/dl/llama_cpp_python-$V.tar.gz ] || pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==$V -d $PEERS/dl
   [ -d $PEERS/src/llama_cpp_python-$V ] || tar xzf $PEERS/dl/llama_cpp_python-$V.tar.gz -C $PEERS/src
-  if grep -q amx_tile /proc/cpuinfo; then
+  if [ "$ISA" = avx2 ]; then
+    BUILD=$PEERS/llama-avx2-build
+    ARCH="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+  elif [ "$ISA" != native ]; then
+    echo "unknown ISA level $ISA (native | avx2)"; exit 1
+  elif grep -q amx_tile /proc/cpuinfo; then
+    BUILD=$PEERS/llama-server-build
     ARCH="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
   else
+    BUILD=$PEERS/llama-server-build
     ARCH="-DGGML_NATIVE=ON"
   fi
   command -v cmake >/dev/null && command -v ninja >/dev/null || { apt-get update && apt-get install -y cmake ninja-build; }
@@ -49,7 +62,7 @@ if [ "${1:-}" = build ]; then
   cmake -S $SRC -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release $ARCH -DGGML_CUDA=OFF -DGGML_BLAS=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
-  nice -n 19 cmake --build $BUILD --target llama-server llama-quantize -j 2
+  nice -n 19 cmake --build $BUILD --target llama-server llama-quantize llama-perplexity -j 2
   $BUILD/bin/llama-server --version
   # the converter imports sentencepiece; torch/transformers come from the system site-packages
   [ -x $PEERS/convert-venv/bin/python ] || { python3 -m venv --system-site-packages $PEERS/convert-venv && $PEERS/convert-venv/bin/pip install sentencepiece; }
@@ -57,7 +70,7 @@ if [ "${1:-}" = build ]; then
   exit 0
 fi
 
-GGUF=${1:?usage: $0 build | $0 FILE.gguf [switchyard serve args...]}
+GGUF=${1:?usage: $0 build [avx2] | $0 FILE.gguf [switchyard serve args...]}
 shift
 GGUF=$(readlink -f "$GGUF")
 # a checkpoint directory (e.g. benchmarks/gptq_models.py's) is served by Switchyard alone (SERVERS=switchyard)
