@@ -1,8 +1,8 @@
 """Rejection sampling of speculative tokens keeps the target's distribution: over many unseeded
 samples from a tiny model with an 8-token vocabulary, the frequencies of each generated position
 (and of the first two tokens jointly) with --speculate agree with those without it under a
-chi-square test of homogeneity at significance 0.001 each (unseeded: the two runs draw different
-noise, so agreement is statistical, not by replay). The proposals come from n-gram lookup, or
+chi-square test of homogeneity at significance 0.001 each (the two runs draw different noise from
+fixed seeds, so agreement is statistical, not by replay, and the outcome is the same every run). The proposals come from n-gram lookup, or
 from a greedy draft model (the target's weights plus noise): either is a point mass."""
 import pytest
 import torch
@@ -44,6 +44,7 @@ def small_vocab_model(tmp_path_factory, default_tokenizer):
 
 
 def _samples(model_dir, speculate, params, draft=None):
+    torch.manual_seed(20261206 + speculate)  # unseeded requests draw from torch's generator: one fixed draw per run
     engine = EngineCore(EngineConfig(
         model=ModelConfig(model=model_dir), cache=CacheConfig(block_size=4, num_blocks=4096),
         scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=NUM_SAMPLES),
