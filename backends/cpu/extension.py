@@ -36,6 +36,8 @@ import torch
 
 from switchyard.core.heartbeat import Heartbeat
 
+from .runtime import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
@@ -64,10 +66,14 @@ ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 }
 
 
+def _x86() -> bool:
+    return platform.machine() in ("x86_64", "AMD64", "i686")
+
+
 def isa_levels(flags: frozenset[str] | None = None) -> tuple[str, ...]:
     """The levels this CPU runs, lowest first (the last is what "auto" builds)."""
-    flags = frozenset(_cpu_flags().split()) if flags is None else flags
-    if platform.machine() not in ("x86_64", "AMD64", "i686"):
+    flags = cpu_flags() if flags is None else flags
+    if not _x86():
         return ("portable",)
     return tuple(level for level, (needs, _) in ISA_LEVELS.items() if needs <= flags)
 
@@ -85,13 +91,15 @@ _HIDDEN = {"portable": ("avx2", "fma", "f16c", "avx512*", "amx*"), "avx2": ("avx
 def level_flags(isa: str, flags: frozenset[str] | None = None) -> frozenset[str]:
     """This CPU's flags as a CPU of level `isa` shows them (what decides, e.g., whether bfloat16
     is multiplied natively)."""
-    flags = frozenset(_cpu_flags().split()) if flags is None else flags
+    flags = cpu_flags() if flags is None else flags
     hidden = _HIDDEN[resolve_isa(isa, flags)]
     return frozenset(f for f in flags if not any(f == h or (h.endswith("*") and f.startswith(h[:-1])) for h in hidden))
 
 
 def compile_flags(isa: str) -> tuple[str, ...]:
-    return (*CFLAGS, *ISA_LEVELS[resolve_isa(isa)][1])
+    """CFLAGS and the level's flags; elsewhere than x86 (whose compilers know no -mno-avx2) the
+    native build is the portable one."""
+    return (*CFLAGS, *ISA_LEVELS[resolve_isa(isa)][1]) if _x86() else CFLAGS
 
 
 @dataclass(frozen=True)

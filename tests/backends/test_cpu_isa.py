@@ -21,6 +21,7 @@ def test_levels_follow_the_cpus_flags(monkeypatch):
     assert extension.resolve_isa("auto", ZEN4) == "avx512-vnni" and extension.resolve_isa("avx2", ZEN4) == "avx2"
     monkeypatch.setattr(extension.platform, "machine", lambda: "aarch64")
     assert extension.isa_levels(frozenset({"asimd", "sve"})) == ("portable",)
+    assert extension.compile_flags("auto") == extension.CFLAGS  # no x86 -mno-* flags for an ARM compiler
 
 
 def test_a_level_hides_what_is_above_it(monkeypatch):
