@@ -1,9 +1,14 @@
 """The one table of quantization methods (vLLM's QuantizationConfig classes, as data).
 
-Each method declares where its weights come from, which checkpoint keys it reads, which layers it
-replaces and which backends run it. `--quantize` validation (apply.py), checkpoint detection
-(a Hub checkpoint's `quantization_config`), each backend's `Capabilities.quantizations` and
-`switchyard backends` all read this table, so a method is added in one place.
+Each row holds only what is decided from it, each field read where its one decision is made:
+- `name`, `source`, `alias_of`: `served_method` (the --quantize value validated against the
+  model, and what it is served as);
+- `config_methods`: `detect` (a Hub checkpoint's `quantization_config` to its method);
+- `backends`: `served_by` (each backend's `Capabilities.quantizations`);
+- `summary` (with name, source and backends): `table` (`switchyard backends`), and the start log.
+What a method's checkpoint holds (tensor names, formats) is its reader's (core/quant/hub), and
+which layers its weights replace is the backends' (`prepare_model`). tests/core/test_quant_methods.py
+fails on a field nothing reads.
 
 Sources:
 - "gguf": a GGUF file's own blocks, read packed from the mapped file (core/loader/gguf_packed.py).
@@ -33,12 +38,8 @@ class QuantMethod:
     name: str  # the --quantize value (TGI's name where TGI has one)
     source: str  # one of SOURCES
     summary: str  # one line: what it is and how it is served
-    formats: tuple[str, ...] = ()  # the QuantizedWeight formats it yields (core/quant/weight.py)
-    checkpoint_keys: tuple[str, ...] = ()  # per-layer tensor suffixes it reads ("qweight", "scales", ...)
-    replaces: tuple[str, ...] = ("Linear",)  # core layer classes whose weight it replaces
     backends: tuple[str, ...] = ()  # backend names that serve it; empty: refused everywhere
     config_methods: tuple[str, ...] = ()  # quantization_config["quant_method"] values that mean it
-    refusal: str | None = None  # why it is not served (where `backends` is empty or lacks one)
     # what this name stands for here: the checkpoint methods it accepts (TGI's marlin: gptq, awq), or
     # the at-load method that makes it (TGI's eetq: int8)
     alias_of: tuple[str, ...] = ()
@@ -155,52 +156,42 @@ def table() -> str:
 
 register(QuantMethod(
     "gguf", "gguf", "a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) multiplied "
-    "packed; other GGUF types dequantized per matrix", formats=("q4_0", "q4_1", "q8_0"),
-    replaces=("Linear", "Embedding"), backends=("cpu", "cuda", "rocm")))
+    "packed; other GGUF types dequantized per matrix", backends=("cpu", "cuda", "rocm")))
 register(QuantMethod("int8", "at-load", "symmetric per-output-channel int8 weights, made at load",
-                     formats=("int8",), backends=("cpu", "cuda", "rocm")))
+                     backends=("cpu", "cuda", "rocm")))
 register(QuantMethod("int4", "at-load", "asymmetric int4 weights in groups of 32 (q4_1 blocks; the output head "
-                     "int8), made at load", formats=("q4_1", "int8"), backends=("cpu", "cuda", "rocm")))
+                     "int8), made at load", backends=("cpu", "cuda", "rocm")))
 
 # Pre-quantized Hub checkpoints, converted at load into block formats (core/quant/hub).
 register(QuantMethod("gptq", "checkpoint", "GPTQ 4-bit (groups of 32/64/128 or per channel, act-order, "
                      "asymmetric) and 8-bit symmetric checkpoints, repacked at load into q4_0/q4_1/q8_0/int8",
-                     formats=("q4_0", "q4_1", "q8_0", "int8"), checkpoint_keys=("qweight", "qzeros", "scales", "g_idx"),
                      backends=("cpu", "cuda", "rocm"), config_methods=("gptq",)))
 register(QuantMethod("awq", "checkpoint", "AWQ 4-bit checkpoints in AutoAWQ's GEMM layout, repacked at load into q4_1",
-                     formats=("q4_1",), checkpoint_keys=("qweight", "qzeros", "scales"),
                      backends=("cpu", "cuda", "rocm"), config_methods=("awq",)))
 register(QuantMethod("marlin", "checkpoint", "TGI's name for GPTQ/AWQ checkpoints on the Marlin GPU kernel: a plain "
                      "GPTQ or AWQ checkpoint is served as gptq / awq; a Marlin-format checkpoint is refused",
                      backends=("cpu", "cuda"), config_methods=("marlin",), alias_of=("gptq", "awq")))
 register(QuantMethod("compressed-tensors", "checkpoint", "llm-compressor's weight-only int schemes (W4A16, "
                      "W4A16_ASYM, W8A16; pack-quantized or naive-quantized), repacked at load into q4_0/q4_1/q8_0/int8",
-                     formats=("q4_0", "q4_1", "q8_0", "int8"),
-                     checkpoint_keys=("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"),
                      backends=("cpu", "cuda", "rocm"), config_methods=("compressed-tensors",)))
 register(QuantMethod("eetq", "at-load", "TGI's on-the-fly int8 weight-only quantization; served as --quantize int8",
-                     formats=("int8",), backends=("cpu", "cuda", "rocm"), alias_of=("int8",)))
+                     backends=("cpu", "cuda", "rocm"), alias_of=("int8",)))
 
 # bitsandbytes and float8 (core/quant/scaled.py; checkpoints read by core/quant/hub/bnb.py and fp8.py).
 # Made at load from a float checkpoint, as TGI's --quantize does, or read from a pre-quantized one.
-_BNB_4BIT = ("weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax", "weight.nested_quant_map",
-             "weight.quant_state.bitsandbytes__*")
 register(QuantMethod("bitsandbytes", "at-load", "LLM.int8: int8 rows with an absmax each, multiplied by bitsandbytes' "
                      "own int8 ops (activations rounded to int8 per row, input columns with a value over 6.0 kept "
                      "in floats); made at load by bitsandbytes, or read from a load_in_8bit checkpoint",
-                     formats=("bnb_int8",), checkpoint_keys=("weight", "SCB"), backends=("cpu", "cuda"),
-                     config_methods=("bitsandbytes",)))
+                     backends=("cpu", "cuda"), config_methods=("bitsandbytes",)))
 register(QuantMethod("bitsandbytes-nf4", "at-load", "bitsandbytes NF4: 4-bit normal-float codes with an absmax per "
                      "64 weights, multiplied by bitsandbytes' own 4-bit ops (its CPU kernel, bf16 activations, "
                      "over the weight as it repacks it; batches over 8 rows dequantized per call); made at load "
-                     "by bitsandbytes, or read from a load_in_4bit checkpoint", formats=("bnb_nf4",), checkpoint_keys=_BNB_4BIT,
+                     "by bitsandbytes, or read from a load_in_4bit checkpoint",
                      backends=("cpu", "cuda"), config_methods=("bitsandbytes-nf4",)))
 register(QuantMethod("bitsandbytes-fp4", "at-load", "bitsandbytes FP4: as bitsandbytes-nf4 with 4-bit float (e2m1) "
-                     "codes", formats=("bnb_fp4",), checkpoint_keys=_BNB_4BIT, backends=("cpu", "cuda"),
-                     config_methods=("bitsandbytes-fp4",)))
+                     "codes", backends=("cpu", "cuda"), config_methods=("bitsandbytes-fp4",)))
 register(QuantMethod("fp8", "at-load", "float8 e4m3 weights (weight-only: activations stay in --dtype, a checkpoint's "
                      "input scales unused), scaled per tensor, per channel or per 128x128 block (compressed-tensors "
                      "FP8, DeepSeek-V3 / Qwen3 FP8), 1 byte a weight, each block dequantized inside the CPU kernel; "
-                     "made at load per channel, or read from an FP8 checkpoint", formats=("fp8_e4m3",),
-                     checkpoint_keys=("weight", "weight_scale", "weight_scale_inv"), backends=("cpu", "cuda"),
-                     config_methods=("fp8", "compressed-tensors-fp8")))
+                     "made at load per channel, or read from an FP8 checkpoint",
+                     backends=("cpu", "cuda"), config_methods=("fp8", "compressed-tensors-fp8")))

@@ -2,13 +2,13 @@
 backend, the out-of-tree toy backend, and the CUDA backend on a CPU (device calls faked, its
 own attention kernels: Triton under Triton's interpreter, narrowed to float32, block size 16,
 GQA group 2 and 4 generated tokens, because the interpreter is slow). Then the suite itself:
-each of its checks fails a backend that breaks what it checks (an AssertionError, not any
-error) and passes the same backend that keeps it."""
+every one of its checks fails a backend that breaks what it checks (broken_backends.py; an
+AssertionError, not any error, and not a skip) and passes the same backend that keeps it; a
+check added to the suite without its broken backend fails here."""
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,9 +17,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined
 
+from broken_backends import (AlwaysCommunicator, DeviceName, KernelBackend, LyingKernel, MisspelledDtype,  # noqa: E402
+                             NegatedHead, NoLauncher, OffKernel, OneKvBlock, RaisingProbe, SharedKvCache,
+                             VerifyOnLastRow)
 from cuda_fakes import CUDA_KERNEL, MiB, CpuCudaBackend, DeviceReferenceKernel, FakeDevice  # noqa: E402
 from switchyard.backends.cpu import CpuBackend  # noqa: E402
-from switchyard.core.ops.attention import ReferenceAttentionKernel  # noqa: E402
 from switchyard.core.testing import BackendContract  # noqa: E402
 
 TOY_MODULE = Path(__file__).parent / "toy_backend_pkg" / "toy_backend.py"
@@ -85,67 +87,47 @@ class TestCudaBackendOnFakes(BackendContract):
 
 
 # -- the suite fails a backend that breaks the contract, and passes the same one that keeps it ------
-class OffKernel(ReferenceAttentionKernel):
-    """1% off the reference; its write_kv also writes one slot too far."""
-
-    def write_kv(self, key, value, kv_cache, meta) -> None:
-        super().write_kv(key, value, kv_cache, replace(meta, slot_mapping=meta.slot_mapping + 1))
-
-    def forward(self, query, kv_cache, meta):
-        return super().forward(query, kv_cache, meta) * 1.01
-
-
-class LyingKernel(ReferenceAttentionKernel):
-    graph_safe = True  # but it reads the metadata's host tuples
-
-
-class KernelBackend(CpuBackend):
-    """The CPU backend over the given kernel; `break_head`: its prepare_model also negates the
-    LM head (a repacking that went wrong)."""
-
-    def __init__(self, kernel, break_head: bool = False):
-        super().__init__(pack_weights=False)
-        self._kernel = kernel
-        self.break_head = break_head
-
-    def attention(self, spec):
-        return self._kernel(spec)
-
-    def prepare_model(self, loaded, config) -> None:
-        super().prepare_model(loaded, config)
-        if self.break_head:
-            with torch.no_grad():
-                loaded.model.lm_head.weight.neg_()
+# check -> the backend that breaks what it checks (broken_backends.py); every check has one
+BREACHES = {
+    "test_probe_returns_a_probe_result_and_never_raises": RaisingProbe,
+    "test_capabilities_are_well_formed": MisspelledDtype,
+    "test_device_holds_tensors": DeviceName,
+    "test_allocate_kv_cache_layout": SharedKvCache,
+    "test_write_kv_writes_exactly_the_slots_of_slot_mapping": lambda: KernelBackend(OffKernel),
+    "test_attention_matches_the_reference_on_ragged_batches": lambda: KernelBackend(OffKernel),
+    "test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches": lambda: KernelBackend(LyingKernel),
+    "test_engine_greedy_output_equals_the_reference_backend": NegatedHead,
+    "test_speculative_verify_steps_give_the_plain_greedy_tokens": VerifyOnLastRow,
+    "test_num_kv_blocks_is_at_least_two": OneKvBlock,
+    "test_no_communicator_when_unsharded": AlwaysCommunicator,
+    "test_a_shard_launcher_exactly_when_there_is_a_dist_backend": NoLauncher,
+}
+# check -> the same backend keeping the contract, where that is not the reference kernel's
+KEPT = {"test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches": lambda: KernelBackend(DeviceReferenceKernel)}
+CHECKS = sorted(name for name in vars(BackendContract) if name.startswith("test_"))
 
 
-# (test, a backend that breaks what it checks, the same backend keeping it); made per test
-BREACHES = [
-    ("test_attention_matches_the_reference_on_ragged_batches", lambda: KernelBackend(OffKernel),
-     lambda: KernelBackend(ReferenceAttentionKernel)),
-    ("test_write_kv_writes_exactly_the_slots_of_slot_mapping", lambda: KernelBackend(OffKernel),
-     lambda: KernelBackend(ReferenceAttentionKernel)),
-    ("test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches", lambda: KernelBackend(LyingKernel),
-     lambda: KernelBackend(DeviceReferenceKernel)),
-    ("test_engine_greedy_output_equals_the_reference_backend",
-     lambda: KernelBackend(ReferenceAttentionKernel, break_head=True), lambda: KernelBackend(ReferenceAttentionKernel)),
-]
+def test_every_check_of_the_suite_has_a_broken_backend():
+    assert set(BREACHES) == set(CHECKS), "each check of BackendContract needs its broken backend in BREACHES"
 
 
-def _narrow_contract() -> BackendContract:
+def _run_check(check: str, backend) -> None:
+    """The check on a narrowed CPU contract; a skip fails (it would prove nothing either way)."""
     contract = TestCpuBackend()
     contract.dtypes_to_test, contract.block_sizes_to_test, contract.gqa_groups = ("float32",), (8,), (2,)
-    return contract
-
-
-@pytest.mark.parametrize("test, broken, _", BREACHES, ids=[case[0] for case in BREACHES])
-def test_the_suite_fails_a_backend_that_breaks_the_contract(test, broken, _):
-    with pytest.raises(AssertionError):
-        getattr(_narrow_contract(), test)(broken())
-
-
-@pytest.mark.parametrize("test, _, kept", BREACHES, ids=[case[0] for case in BREACHES])
-def test_the_suite_passes_the_same_backend_when_it_keeps_the_contract(test, _, kept):
     try:
-        getattr(_narrow_contract(), test)(kept())
-    except pytest.skip.Exception as skipped:  # a control that skips would prove nothing
-        pytest.fail(f"the control was skipped: {skipped}")
+        getattr(contract, check)(backend)
+    except pytest.skip.Exception as skipped:
+        pytest.fail(f"{check} was skipped: {skipped}")
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_the_suite_fails_a_backend_that_breaks_the_contract(check):
+    assert check in BREACHES, f"{check} has no broken backend in BREACHES"
+    with pytest.raises(AssertionError):
+        _run_check(check, BREACHES[check]())
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_the_suite_passes_the_same_backend_when_it_keeps_the_contract(check):
+    _run_check(check, KEPT.get(check, KernelBackend)())
