@@ -1,6 +1,6 @@
 """FastAPI app factory: the engine client's life cycle, cross-cutting HTTP concerns
 (auth, payload limit, CORS, errors in the route's dialect), health and metrics.
-The dialects' routes live in gateway/openai and gateway/tgi."""
+The dialects' routes live in gateway/openai, gateway/anthropic and gateway/tgi."""
 from __future__ import annotations
 
 import asyncio
@@ -61,10 +61,12 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     app.state.tracing = tracing = _install_tracing(app, settings)
     _install_error_handlers(app)
     _install_common_routes(app, service, metrics)
+    from .anthropic.routes import router as anthropic_router
     from .openai.routes import router as openai_router
     from .sglang_worker import router as sglang_router
     from .tgi.routes import router as tgi_router
 
+    app.include_router(anthropic_router)  # /v1/messages: Anthropic's dialect, errors in its shape
     app.include_router(openai_router)
     app.include_router(sglang_router)  # before TGI's: its /generate serves both bodies
     app.include_router(tgi_router)

@@ -2,12 +2,15 @@
 
 OpenAI routes (`/v1/...`): `{"error": {"message", "type", "param", "code"}}`.
 TGI routes: `{"error": str, "error_type": str}`.
+A dialect added beside them (gateway/anthropic/) registers its paths and its two
+renderings with `register_dialect`; every error on its paths is then rendered its way.
 """
 from __future__ import annotations
 
 import enum
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
@@ -84,6 +87,9 @@ class GatewayError(Exception):
         return {"error": prefix + self.message, "error_type": self.kind.value.tgi_type}
 
     def render(self, dialect: str) -> JSONResponse:
+        registered = _DIALECTS.get(dialect)
+        if registered is not None:
+            return registered.render(self)
         if dialect == "openai":
             return SafeJSONResponse(self.openai_body(), self.openai_status, self.headers)
         return SafeJSONResponse(self.tgi_body(), self.tgi_status, self.headers)
@@ -91,6 +97,9 @@ class GatewayError(Exception):
     def stream_event(self, dialect: str) -> str:
         """The error as the last event(s) of an SSE stream that has already begun: OpenAI's
         `data: {"error": {...}}` then `data: [DONE]`; TGI's `data:{"error", "error_type"}`."""
+        registered = _DIALECTS.get(dialect)
+        if registered is not None:
+            return registered.stream_event(self)
         if dialect == "openai":
             body = {"error": {**self.openai_body()["error"], "http_status_code": self.openai_status}}
             return sse_data(body) + sse_data("[DONE]")
@@ -129,8 +138,29 @@ class SafeJSONResponse(JSONResponse):
             return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=True).encode()
 
 
+@dataclass(frozen=True)
+class _Dialect:
+    path_prefix: str
+    render: Callable[[GatewayError], JSONResponse]
+    stream_event: Callable[[GatewayError], str]
+
+
+_DIALECTS: dict[str, _Dialect] = {}
+
+
+def register_dialect(name: str, path_prefix: str, render: Callable[[GatewayError], JSONResponse],
+                     stream_event: Callable[[GatewayError], str]) -> None:
+    """Errors on `path_prefix` and below are `name`'s: `render` makes the response, `stream_event`
+    the last event of a stream already begun (the app's handlers, the body guard, the drain
+    and the 500 middleware all ask `dialect_for_path`)."""
+    _DIALECTS[name] = _Dialect(path_prefix, render, stream_event)
+
+
 def dialect_for_path(path: str) -> str:
-    """OpenAI's error shape under /v1/, TGI's everywhere else."""
+    """A registered dialect's under its prefix; OpenAI's error shape under /v1/, TGI's everywhere else."""
+    for name, dialect in _DIALECTS.items():
+        if path == dialect.path_prefix or path.startswith(dialect.path_prefix + "/"):
+            return name
     return "openai" if path.startswith("/v1/") or path == "/v1" else "tgi"
 
 
