@@ -2,7 +2,8 @@
 # Build an accelerator backend's own virtual environment from nothing and run
 # that backend's tests in it.  Usage: .ci/backend_env.sh ENVNAME [VENV_DIR]
 # Each backend pins its own torch, so each gets its own venv; one case per
-# environment below, each building its torch with torch_venv.
+# environment below, each building its torch with torch_venv. The quanttools case
+# is the quantization tools' environment (they pin transformers and more), on the CPU torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENVNAME="${1:?usage: .ci/backend_env.sh ENVNAME [VENV_DIR]}"
@@ -49,6 +50,28 @@ xpu)
     # IPEX must load here: the xpu tests skip where it does not (as in the main environment)
     "$VENV/bin/python" -c "import torch; from switchyard.backends.xpu.ipex import load; print('xpu env:', torch.__version__, load().__version__)"
     "$VENV/bin/python" -m pytest -q tests/backends/xpu
+    ;;
+quanttools)
+    # The real quantization tools (tests/quant_tools): gptqmodel writes GPTQ and AWQ checkpoints,
+    # llm-compressor compressed-tensors ones, and Switchyard serves them on the CPU. They pin
+    # torch, transformers and compressed-tensors apart from the main environment's (llm-compressor
+    # 0.14.0.1: torch<=2.14.0, transformers 5.15-5.17, compressed-tensors==0.19.0; gptqmodel 7.7.0
+    # needs torch>=2.14.1 and transformers>=5.20.2, so 7.6.0, the newest that fits beside it).
+    # torch is the project's CPU wheel, 2.13.0 (both accept it): no CUDA libraries to install,
+    # and the CPU kernels built by the main environment are reused (their names digest torch's
+    # version). The constraints keep every later install from replacing these pins.
+    python3 -m venv "$VENV"
+    PIP="$VENV/bin/python -m pip"
+    CONSTRAINTS="$VENV/constraints.txt"
+    printf '%s\n' torch==2.13.0 transformers==5.17.0 compressed-tensors==0.19.0 > "$CONSTRAINTS"
+    $PIP install -q torch==2.13.0
+    $PIP install -q -c "$CONSTRAINTS" gptqmodel==7.6.0 llmcompressor==0.14.0.1
+    $PIP install -q -c "$CONSTRAINTS" -e . pytest
+    # both tools must load here: their tests skip where they do not (as in the main environment)
+    "$VENV/bin/python" -c "import gptqmodel, llmcompressor; from importlib.metadata import version
+print('quanttools env:', *(f'{p} {version(p)}' for p in ('torch', 'transformers', 'compressed-tensors',
+                                                        'gptqmodel', 'llmcompressor')))"
+    "$VENV/bin/python" -m pytest -q -rs tests/quant_tools
     ;;
 *)
     echo "unknown backend environment: $ENVNAME" >&2

@@ -30,11 +30,13 @@ def check_compressed(config: Mapping[str, Any]) -> None:
         raise refuse("compressed-tensors without config_groups")
     for name, scheme in groups.items():
         what = f"compressed-tensors scheme {name!r}"
+        # activations first: llm-compressor writes its W8A8 / W4A8 schemes in format "int-quantized",
+        # which the format check would name instead of what makes them unservable
+        if scheme.get("input_activations") or scheme.get("output_activations"):
+            raise refuse(f"{what}, quantized activations (W8A8, W4A8; the CPU serves weight-only W4A16, W8A16)")
         scheme_format = scheme.get("format") or fmt
         if scheme_format not in FORMATS:
             raise refuse(f"{what}, format {scheme_format!r} (the CPU reads {', '.join(FORMATS)})")
-        if scheme.get("input_activations") or scheme.get("output_activations"):
-            raise refuse(f"{what}, quantized activations (W8A8, W4A8; the CPU serves weight-only W4A16, W8A16)")
         weights = scheme.get("weights") or {}
         if weights.get("type", "int") != "int":
             raise refuse(f"{what}, {weights.get('type')} weights (NVFP4, MXFP4; FP8 is the fp8 method's)")
