@@ -67,7 +67,7 @@ class ChannelEngineClient(EngineClient):
     @abstractmethod
     def _ended(self, wait_s: float = 0.0) -> str | None:
         """Why the engine is gone (e.g. its process's exit code), or None while it runs
-        (after waiting up to `wait_s` for it to end)."""
+        (after waiting up to `wait_s` for it to end; with 0, at once: `ready` asks each call)."""
 
     @abstractmethod
     def _close(self, timeout: float) -> None:
@@ -99,11 +99,21 @@ class ChannelEngineClient(EngineClient):
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        """Warmed up, and the engine still runs, asked at each call: a killed engine process is
+        not ready from the moment it has ended, before the reader thread sees its channel close."""
+        return self._ready.is_set() and not self._engine_ended()
+
+    @property
+    def engine_gone(self) -> bool:
+        return self._failure is not None or self._engine_ended()
 
     @property
     def failure(self) -> BaseException | None:
         return self._failure
+
+    def _engine_ended(self) -> bool:
+        """Whether the engine has ended, asked now without waiting (never before it started)."""
+        return self._channel is not None and self._ended() is not None
 
     @property
     def num_unfinished(self) -> int:
@@ -140,7 +150,11 @@ class ChannelEngineClient(EngineClient):
         token, future = self._expect_answer()
         self._channel.send(CompileGrammar(token, spec))
         # shielded: a caller that goes away must not cancel the compile others share
-        await asyncio.shield(future)
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:  # its outcome (a shutdown's GrammarUnavailable) is nobody's now:
+            future.add_done_callback(_retrieved)  # taken, so asyncio logs no "never retrieved"
+            raise
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the engine frees the request before its next step."""
@@ -292,11 +306,17 @@ class InProcessEngineClient(ChannelEngineClient):
         return self.engine, tokenizer
 
     def _ended(self, wait_s: float = 0.0) -> str | None:
-        self._thread.join(wait_s)
+        if wait_s > 0:
+            self._thread.join(wait_s)
         return None if self._thread.is_alive() else "the engine thread ended"
 
     def _close(self, timeout: float) -> None:
         self._thread.join(timeout)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _put_all(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -88,9 +89,9 @@ class GrammarConfig:
     """Grammar-constrained decoding (core/grammar): which compiler, and its limits.
 
     Compiles run in `compile_workers` worker processes at low priority (`worker_nice`), plus a
-    warm spare for small specs, so a heavy grammar never takes CPU from the engine's step loop
-    nor holds up a small one, and one that runs past `compile_timeout_s` is killed with its
-    process (never cached)."""
+    warm spare for small and medium specs, so a heavy grammar never takes CPU from the engine's
+    step loop nor holds up a lighter one, and one that runs past `compile_timeout_s` is killed
+    with its process (never cached)."""
 
     backend: str = "xgrammar"  # "xgrammar" | "outlines" (--grammar-backend)
     cache_size: int = 128  # compiled grammars kept per tokenizer (LRU), at most ...
@@ -104,8 +105,11 @@ class GrammarConfig:
     # cross a process); None = default_compile_workers() (--grammar-workers).
     num_compile_workers: int | None = None
     # One more slot, its worker started ahead (warm), that takes only specs of at most this many
-    # bytes: a small grammar never waits behind heavy ones busy on every other slot. 0 = no spare.
-    spare_max_spec_bytes: int = 16 << 10
+    # bytes: a small or medium grammar never waits behind heavy ones busy on every other slot.
+    # Medium: on the default model's vocabulary a 64 KiB schema (an enum of ~3,000 values, an
+    # object of ~450 properties) compiles in 0.1-0.3 s, the heavy ones that hold the other slots
+    # (~220 KB enums) in seconds. 0 = no spare.
+    spare_max_spec_bytes: int = 64 << 10
     worker_nice: int = 10  # added niceness of the worker processes
     use_processes: bool = True  # False: compile in threads of this process (no isolation)
     worker_start_timeout_s: float = 120.0  # a worker importing the compiler and reading its tables
@@ -118,18 +122,25 @@ class GrammarConfig:
     @property
     def compile_workers(self) -> int:
         """The compile slots for grammars of any size (the spare comes on top)."""
-        return max(1, self.num_compile_workers if self.num_compile_workers is not None else default_compile_workers())
+        return self.compile_workers_on(None)
+
+    def compile_workers_on(self, cpus: Collection[int] | None) -> int:
+        """The compile slots of an engine given `cpus` (ParallelConfig.cpus; None: what the
+        machine offers)."""
+        return max(1, self.num_compile_workers if self.num_compile_workers is not None
+                   else default_compile_workers(cpus))
 
 
-def default_compile_workers() -> int:
-    """min(2, usable cores): a compile is one niced thread, so it only takes CPU the engine leaves
-    idle; two let a second heavy compile run beside the first, while more on a small machine
-    would only divide the same idle CPU, each worker holding ~0.3 GB (xgrammar imports torch)."""
-    try:
-        cores = len(os.sched_getaffinity(0))  # the cores this process may run on
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(2, cores))
+def default_compile_workers(cpus: Collection[int] | None = None) -> int:
+    """min(2, the CPUs the workers may run on): a compile is one niced thread, so it only takes
+    CPU the engine leaves idle; two let a second heavy compile run beside the first, while more
+    on a small machine would only divide the same idle CPU, each worker holding ~0.3 GB (xgrammar
+    imports torch). The CPUs are `cpus`, else the machine's and cgroup's
+    (core/grammar/placement.py), never the calling thread's mask: a CPU engine binds its main
+    thread to one core."""
+    from .grammar.placement import worker_cpus
+
+    return max(1, min(2, len(worker_cpus(cpus))))
 
 
 # ParallelConfig.executor_backend's values, and Ray's placement strategies (ray_placement_strategy).

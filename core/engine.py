@@ -72,7 +72,8 @@ class EngineCore:
         self.last_num_accepted = 0  # speculative tokens the last step accepted (step metrics)
         self._prompt_logprobs: dict[str, list] = {}  # request id -> scored prompt tokens so far
         self._tokenizer = tokenizer
-        self.grammar_service = GrammarCompileService(self._make_grammar_compiler, config.grammar)
+        self.grammar_service = GrammarCompileService(self._make_grammar_compiler, config.grammar,
+                                                     cpus=config.parallel.cpus)
         # constrained requests whose grammar is still compiling: held here, out of the scheduler
         self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
         kv = KVCacheSize(num_blocks, block_size, num_blocks * kv_bytes_per_block(self.loaded),

@@ -97,10 +97,12 @@ _SERVE_FLAGS = [
     ("--grammar-cache-bytes", ("GRAMMAR_CACHE_BYTES",), int, GrammarConfig.cache_bytes,
      "bytes of compiled grammars kept"),
     ("--grammar-compile-timeout", ("GRAMMAR_COMPILE_TIMEOUT",), float, GrammarConfig.compile_timeout_s,
-     "seconds one grammar may compile; a slower one is killed and its request fails"),
+     "seconds one grammar may compile; a slower one is killed and its request fails (a 503 if the busy "
+     "server starved it of CPU)"),
     ("--grammar-workers", ("GRAMMAR_WORKERS",), int, None,
-     "low-priority grammar compile processes for grammars of any size (default: 2, or 1 on a single core); "
-     "one more, started ahead, takes only small ones, so they never wait behind heavy compiles"),
+     "low-priority grammar compile processes for grammars of any size (default: 2, or 1 on a single CPU); "
+     "one more, started ahead, takes only small and medium ones (up to 64 KiB), so they never wait behind "
+     "heavy compiles"),
 ]
 GRAMMAR_BACKENDS = ("xgrammar", "outlines")
 QUANTIZED_ACTIVATIONS = ("int8x2", "int8")  # EngineConfig.quantized_activations

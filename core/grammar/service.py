@@ -3,16 +3,19 @@
 `compile(spec)` returns a concurrent.futures.Future at once: already resolved on a cache
 hit (or for a spec over `max_spec_bytes`), else resolved by a slot. Each slot is a thread
 that hands one spec at a time to its executor: a low-priority worker process for a portable
-compiler (executors.py), else a thread. There are `compile_workers` slots for specs of any
-size, taken smallest first, and one spare slot whose worker is started ahead (warm) and
-which takes only specs of at most `spare_max_spec_bytes`: a small schema never waits behind
-heavy compiles busy on every other slot, nor for a worker to start.
+compiler (executors.py; on the engine's CPUs, placement.py), else a thread. There are
+`compile_workers` slots for specs of any size, taken smallest first, and one spare slot whose
+worker is started ahead (warm) and which takes only specs of at most `spare_max_spec_bytes`
+(64 KiB by default): a small or medium schema never waits behind heavy compiles busy on every other
+slot, nor for a worker to start. A worker that ends while idle is replaced at once.
 
-A compile past `compile_timeout_s` fails its future with GrammarError and its worker
-process is killed (its slot starts a fresh one while idle). A schema with no finite
-instance (finite.py) fails before any worker. What the server could not do (no worker
-started in time, one ended under the compile, the service shut down) fails with
-GrammarUnavailable. Neither a timeout nor an unavailability is ever cached, so a retry
+A compile past `compile_timeout_s` is killed with its worker process (its slot starts a
+fresh one while idle) and blamed in one place, `timeout_error`: on the schema (GrammarError,
+a 400) if it had at least half a core all that time, else on the server, whose other work
+starved the niced worker (GrammarUnavailable, a 503 a retry may pass). A schema with no
+finite instance (finite.py) fails before any worker. What else the server could not do (no
+worker started in time, one ended under the compile, the service shut down) fails with
+GrammarUnavailable too. Neither a timeout nor an unavailability is ever cached, so a retry
 compiles afresh. Compiled grammars, and the failures of invalid specs, are cached by spec,
 LRU, bounded in entries and bytes (cache.py); one larger than the whole byte bound is
 refused. `shutdown()` (and interpreter exit) kills the worker processes.
@@ -24,7 +27,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 
 from ..config import GrammarConfig
@@ -32,6 +35,7 @@ from .base import CompiledGrammar, GrammarCompiler, check_size, param_of
 from .cache import GrammarCache
 from .executors import CompileTimeout, ProcessExecutor, ThreadExecutor, WorkerStartError
 from .finite import check_finite
+from .placement import worker_cpus
 from .spec import GrammarError, GrammarSpec, GrammarUnavailable
 
 logger = logging.getLogger(__name__)
@@ -39,10 +43,14 @@ logger = logging.getLogger(__name__)
 
 class GrammarCompileService:
     """One per engine (and so per tokenizer). Thread-safe. `make_compiler` runs on the
-    first slot, so building the tokenizer tables never holds up the caller either."""
+    first slot, so building the tokenizer tables never holds up the caller either. `cpus`:
+    the engine's own (ParallelConfig.cpus), on which its workers run; None: the machine's."""
 
-    def __init__(self, make_compiler: Callable[[], GrammarCompiler], config: GrammarConfig = GrammarConfig()):
+    def __init__(self, make_compiler: Callable[[], GrammarCompiler], config: GrammarConfig = GrammarConfig(),
+                 cpus: Collection[int] | None = None):
         self.config = config
+        self.cpus = worker_cpus(cpus)
+        self.compile_workers = config.compile_workers_on(self.cpus)
         self._make_compiler = make_compiler
         self._compiler: GrammarCompiler | None = None
         self._lock = threading.Condition()  # the cache, the queue, the slots
@@ -50,7 +58,7 @@ class GrammarCompileService:
         self._cache = GrammarCache(config.cache_size, config.cache_bytes)
         self._queue: list[tuple[int, int, GrammarSpec, Future]] = []  # heap: (size, order, spec, future)
         self._order = itertools.count()
-        self._num_slots = 0  # slots for any size started so far (at most config.compile_workers)
+        self._num_slots = 0  # slots for any size started so far (at most compile_workers)
         self._closed = False
         self._executors: list = []  # the slots' executors, for shutdown
         self._finalizer = weakref.finalize(self, _close_all, self._executors)
@@ -77,7 +85,7 @@ class GrammarCompileService:
             heapq.heappush(self._queue, (size, next(self._order), spec, future))
             if self._num_slots == 0 and self.config.spare_max_spec_bytes > 0:
                 self._start_slot(spare=True)  # with the first slot, so it is warm by the time it is needed
-            if self._num_slots < self.config.compile_workers:
+            if self._num_slots < self.compile_workers:
                 self._num_slots += 1
                 self._start_slot(spare=False)
             self._lock.notify_all()  # a spare woken for a spec too large for it waits on
@@ -173,7 +181,7 @@ class GrammarCompileService:
                 self._compiler = self._make_compiler()
         compiler = self._compiler
         if compiler.portable and self.config.use_processes:
-            executor = ProcessExecutor(compiler, self.config)
+            executor = ProcessExecutor(compiler, self.config, self.cpus)
         else:
             executor = ThreadExecutor(compiler)
         with self._lock:
@@ -191,11 +199,14 @@ class GrammarCompileService:
             return exc
         except WorkerStartError as exc:
             return GrammarUnavailable(f"the grammar compiler could not start: {exc}", param_of(spec))
-        except CompileTimeout:
+        except CompileTimeout as timeout:
             with self._lock:
                 self.num_timeouts += 1
-            logger.warning("grammar compile killed after %.3g s (%s, %d bytes)", timeout_s, spec.kind, len(spec.value))
-            return _TimedOut(f"compiling the grammar took longer than {timeout_s:g} s", param_of(spec))
+            error = timeout_error(spec, timeout_s, timeout.cpu_s)
+            logger.warning("grammar compile killed after %.3g s (%s, %d bytes, %s s of CPU): %s", timeout_s,
+                           spec.kind, len(spec.value), "?" if timeout.cpu_s is None else f"{timeout.cpu_s:.3g}",
+                           "the server's" if isinstance(error, GrammarUnavailable) else "the schema's")
+            return error
         try:
             check_size(spec, compiled.nbytes, self.config.largest_grammar_bytes)  # in thread mode; a worker checks before sending
         except GrammarError as exc:
@@ -211,8 +222,30 @@ class GrammarCompileService:
                 self._cache.resolved(spec, future, result.nbytes)
 
 
+# A compile that had at least this share of one core for its whole time limit, and still did not
+# finish, is too heavy (the schema's fault); with less, the engine's steps and other compiles took
+# the CPU before the niced worker could (the server's). Half a core leaves room for a second worker
+# sharing the core, and for the CPU clock's coarse ticks.
+SCHEMA_CPU_SHARE = 0.5
+
+
+def timeout_error(spec: GrammarSpec, timeout_s: float, cpu_s: float | None) -> GrammarError:
+    """What a compile killed at its time limit fails with, decided here only: the schema's
+    GrammarError (a 400/422) if it had `SCHEMA_CPU_SHARE` of a core all that time (or its CPU
+    time is unknown), else the server's GrammarUnavailable (a 503 with Retry-After)."""
+    took = f"compiling the grammar took longer than {timeout_s:g} s"
+    if cpu_s is not None and cpu_s < SCHEMA_CPU_SHARE * timeout_s:
+        return _Starved(f"{took}, this server being too busy to give it the CPU (it had {cpu_s:.2g} s of it); "
+                        f"retry later", param_of(spec))
+    return _TimedOut(took, param_of(spec))
+
+
 class _TimedOut(GrammarError):
-    """A compile killed at its time limit: failed, and not cached."""
+    """A compile too heavy for the time limit: failed, and not cached."""
+
+
+class _Starved(GrammarUnavailable):
+    """A compile the busy server starved past the time limit: unavailable, and not cached."""
 
 
 def _settle(future: Future, result) -> None:

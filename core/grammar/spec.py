@@ -22,7 +22,8 @@ class GrammarError(ValidationError):
 
 class GrammarUnavailable(GrammarError):
     """A compile that could not run, through no fault of the spec: no compile worker started
-    in time, one ended under it, or the compiler is shut down. Confined to its request like
+    in time, one ended under it, the busy server starved it of CPU past its time limit
+    (service.timeout_error), or the compiler is shut down. Confined to its request like
     any GrammarError, never cached (a retry compiles afresh); the gateway renders it as a
     503 with Retry-After, not as a 4xx blaming the request."""
 

@@ -1,12 +1,14 @@
 """A grammar compile worker: a child process that compiles specs for one compiler.
 
-Run as `python -m switchyard.core.grammar.worker FD NICE` by `WorkerProcess`. The
+Run as `python -m switchyard.core.grammar.worker FD NICE CPUS` by `ProcessExecutor`. The
 parent sends the pickled compiler once, then one `GrammarSpec` at a time over the
 socket FD; the worker answers ("ok", bytes of the compiled grammar) or ("error",
-(message, param)). It lowers its own priority first, so a heavy compile takes only CPU
-the engine leaves idle, and it exits when the socket closes or its parent goes away
-(no orphans, even if the parent is killed). A compile that runs too long is ended by
-the parent killing the process: native compilers cannot be interrupted.
+(message, param)). First it takes CPUS (e.g. "0,1") as its affinity, not the one core
+of the engine thread that started it (placement.py), and lowers its own priority, so a
+heavy compile takes only CPU the engine leaves idle, on any of its cores; it exits when
+the socket closes or its parent goes away (no orphans, even if the parent is killed). A
+compile that runs too long is ended by the parent killing the process: native compilers
+cannot be interrupted.
 """
 from __future__ import annotations
 
@@ -53,7 +55,10 @@ def serve(conn: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
+    from .placement import parse_cpus, release_binding
+
     fd, nice = int(argv[1]), int(argv[2])
+    release_binding(parse_cpus(argv[3] if len(argv) > 3 else ""))  # before torch loads an OpenMP runtime
     _watch_parent(os.getppid())
     if nice:
         os.nice(nice)

@@ -1,5 +1,5 @@
 """The compile queue (core/grammar/service.py): the slots for any size and the warm spare for
-small specs, the default number of workers, what is never cached (a server-side failure),
+small and medium specs, the default number of workers, what is never cached (a server-side failure),
 and schemas with no finite instance (core/grammar/finite.py) refused before any compile.
 In-thread fake compilers: the bookkeeping, not a compiler's speed (the real workers are in
 test_grammar_isolation.py, the heavy schemas through a server in
@@ -14,7 +14,8 @@ from switchyard.core.grammar import GrammarCompileService, GrammarError, Grammar
 from switchyard.core.grammar.base import CompiledGrammar, GrammarCompiler
 from switchyard.core.grammar.finite import check_finite
 
-HEAVY = "wait" + "x" * (20 << 10)  # larger than the spare takes
+HEAVY = "wait" + "x" * (100 << 10)  # larger than the spare takes
+MEDIUM = "[a-z]+" + "x" * (18 << 10)  # the issue's 18 KB schema: more than a small spec's 16 KiB
 
 
 class _Compiled(CompiledGrammar):
@@ -65,6 +66,20 @@ def test_a_small_spec_is_compiled_on_the_spare_while_heavy_ones_hold_every_slot(
         service.shutdown()
 
 
+def test_a_medium_spec_is_compiled_on_the_spare_while_heavy_ones_hold_every_slot():
+    fake = BlockingCompiler()
+    service = GrammarCompileService(lambda: fake, GrammarConfig(num_compile_workers=2))
+    try:
+        heavy = [service.compile(GrammarSpec.regex(HEAVY + "1")), service.compile(GrammarSpec.regex(HEAVY + "2"))]
+        _running(fake, 2)  # both slots are busy
+        medium = service.compile(GrammarSpec.regex(MEDIUM))
+        medium.result(5)
+        assert not any(f.done() for f in heavy)
+    finally:
+        fake.release.set()
+        service.shutdown()
+
+
 def test_without_a_spare_a_small_spec_waits_for_a_slot():
     """The control of the test above: the same queue with the spare turned off."""
     fake = BlockingCompiler()
@@ -84,11 +99,14 @@ def test_without_a_spare_a_small_spec_waits_for_a_slot():
 
 
 def test_the_default_is_two_workers_where_there_are_two_cores(monkeypatch):
-    import os
+    """Counted from the CPUs the machine offers (placement.py), or those the engine was given;
+    a bound thread's mask: tests/core/test_grammar_workers.py."""
+    from switchyard.core.grammar import placement
 
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(placement, "offered_cpus", lambda: frozenset({0, 1, 2, 3}))
     assert default_compile_workers() == 2 and GrammarConfig().compile_workers == 2
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert GrammarConfig().compile_workers_on((5,)) == 1
+    monkeypatch.setattr(placement, "offered_cpus", lambda: frozenset({0}))
     assert default_compile_workers() == 1 and GrammarConfig().compile_workers == 1
     assert GrammarConfig(num_compile_workers=3).compile_workers == 3
 
