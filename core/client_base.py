@@ -98,6 +98,12 @@ class EngineClient(ABC):
         """Why the engine cannot serve: its start-up error, or why it died; None while fine."""
         return None
 
+    @property
+    def engine_gone(self) -> bool:
+        """The engine has ended or failed for good (it will not become ready): `failure`, or an
+        engine found gone before `failure` is set (/health then drops Retry-After)."""
+        return self.failure is not None
+
     def start(self) -> None:
         """Begin loading the model (returns at once)."""
 

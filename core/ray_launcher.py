@@ -1,8 +1,14 @@
 """Shards as Ray actors (`--distributed-executor-backend ray`): the ShardLauncher and ShardGroup
-of core/backend_contract.py on an existing Ray cluster (`ray start --head`, KubeRay).
+of core/backend_contract.py on a Ray cluster (`ray start --head`, KubeRay), or on a local Ray
+instance when none runs.
 
 The engine's process connects to the cluster as a driver (ParallelConfig.ray_address) and runs
-rank 0 itself, as with processes. The launcher reserves one bundle per worker shard in a
+rank 0 itself, as with processes. With `auto` (the default) it joins the cluster running on this
+machine as `ray.init()` finds it (RAY_ADDRESS, else the one the last `ray start` recorded), and
+when there is none it starts a local Ray instance of its own, as vLLM does: bound to 127.0.0.1,
+sized by Ray to this machine, and ended with the engine's Ray connection. An explicit address
+(HOST:PORT, ray://HOST:PORT) that does not answer is one line (RayClusterUnreachable), not
+Ray's retries for minutes. The launcher reserves one bundle per worker shard in a
 placement group (ParallelConfig.ray_placement_strategy), starts one actor per shard in its
 bundle, and runs target(shard, *args) there. Each worker's ShardInfo is renumbered from where
 Ray placed it: its local rank among the shards on its node (the engine counting as local rank 0
@@ -17,20 +23,35 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 from .backend_contract import ShardInfo
 from .config import RAY_PLACEMENT_STRATEGIES, ParallelConfig
+from .errors import BackendError
 
 logger = logging.getLogger(__name__)
 
 # How long the placement group may wait for the cluster's resources, and its actors to start,
 # before the engine fails.
 PLACEMENT_TIMEOUT_S = 120.0
+# ParallelConfig.ray_address's default: the cluster on this machine, else a local instance.
+# "local" (Ray's word) always starts a local instance.
+AUTO_ADDRESS, LOCAL_ADDRESS = "auto", "local"
+LOOPBACK = "127.0.0.1"  # where a local Ray instance's processes listen
+# How long an explicit address may take to accept a connection before it is called unreachable.
+CONNECT_TIMEOUT_S = 5.0
+# What the engine's process is to Ray, whichever cluster it joins.
+_DRIVER_OPTIONS = dict(include_dashboard=False, log_to_driver=True, namespace="switchyard")
+
+
+class RayClusterUnreachable(BackendError):
+    """The Ray cluster named cannot be reached (or its address read): one line, exit non-zero."""
 
 
 @dataclass(frozen=True)
@@ -203,14 +224,26 @@ class RayShardLauncher:
         self._connected_here = False  # this launcher joined the cluster, so its group leaves it
 
     def connect(self) -> None:
-        """Joins the cluster at ParallelConfig.ray_address as a driver (once per process; an
-        existing connection, e.g. a test's, is reused)."""
+        """Joins Ray as a driver, once per process (an existing connection, e.g. a test's, is
+        reused): the cluster at ParallelConfig.ray_address; with `auto`, the cluster running on
+        this machine, else a local instance started here (`local`: always one)."""
         ray = self._ray
-        if not ray.is_initialized():
+        if ray.is_initialized():
+            return
+        address = self.parallel.ray_address
+        found = None
+        if address == AUTO_ADDRESS:
+            found = running_cluster()
+        if address == LOCAL_ADDRESS or (address == AUTO_ADDRESS and found is None):
             self._connected_here = True
-            ray.init(address=self.parallel.ray_address, include_dashboard=False, log_to_driver=True,
-                     namespace="switchyard")
-            logger.info("connected to the Ray cluster at %s", self.parallel.ray_address)
+            start_local_instance(ray, "--ray-address local" if address == LOCAL_ADDRESS else
+                                 "no Ray cluster is running on this machine (--ray-address auto)")
+            return
+        target = found or address
+        check_reachable(target, address)
+        self._connected_here = True
+        ray.init(address=target, **_DRIVER_OPTIONS)
+        logger.info("connected to the Ray cluster at %s", target)
 
     def _node_address(self, node_id: str) -> str:
         for node in self._ray.nodes():
@@ -261,6 +294,60 @@ class RayShardLauncher:
             logger.info("shard %d on Ray node %s at %s (local rank %d of %d)", shard.rank, node[:8],
                         self._node_address(node), shard.local_rank, shard.local_world_size)
         return RayShardGroup(ray, started, group, tuple(names), tuple(nodes), disconnect=self._connected_here)
+
+
+def running_cluster() -> str | None:
+    """The cluster `ray.init()` would join on this machine (vLLM's default): RAY_ADDRESS, else
+    the one the last `ray start` recorded; None when there is none. Ray's own lookup."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        return canonicalize_bootstrap_address(None)
+    except ConnectionError:  # RAY_ADDRESS=auto, and no cluster process on this machine
+        return None
+
+
+def start_local_instance(ray, why: str) -> None:
+    """A Ray instance of this machine alone, started by this process and ended with its Ray
+    connection (RayShardGroup.stop): every Ray process listening on 127.0.0.1, and Ray's own
+    count of this machine's CPUs, GPUs and memory. Ray turns a loopback node address into the
+    machine's routable one unless it is told that no cluster spans machines (its constant
+    ENABLE_RAY_CLUSTER, which Ray reads once from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import):
+    that constant is cleared for this call only, and no environment variable is set."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address=LOCAL_ADDRESS, _node_ip_address=LOOPBACK, **_DRIVER_OPTIONS)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+    resources = ray.cluster_resources()
+    logger.info("%s: started a local Ray instance on %s with %g CPUs and %g GPUs", why, LOOPBACK,
+                resources.get("CPU", 0), resources.get("GPU", 0))
+
+
+def check_reachable(address: str, given: str) -> None:
+    """RayClusterUnreachable, in one line, unless `address` (HOST:PORT or ray://HOST:PORT)
+    accepts a TCP connection within CONNECT_TIMEOUT_S: Ray itself retries an address that does
+    not answer for minutes. `given` is the address as configured (`auto` when it was found)."""
+    where = address if given == address else f"{address} (found for --ray-address {given}: RAY_ADDRESS, else " \
+        "the cluster the last `ray start` on this machine recorded)"
+    rest = address.split("://", 1)[1] if "://" in address else address
+    try:
+        parts = urlsplit(f"//{rest}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise RayClusterUnreachable(f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT, auto or local")
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise RayClusterUnreachable(
+            f"cannot reach the Ray cluster at {where}: {reason}; start it there (`ray start --head`), or leave "
+            "--ray-address at auto to use this machine's cluster or a local Ray instance") from None
 
 
 def _placed_shards(shards: Sequence[ShardInfo], node_ids: Sequence[str], engine_node: str,

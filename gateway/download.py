@@ -13,7 +13,8 @@ offline (core/loader/source.py never downloads).
 huggingface_hub does the transfer and reads its own environment: HF_TOKEN, HF_HOME /
 HF_HUB_CACHE, HF_ENDPOINT, HF_HUB_OFFLINE (already-cached weights are then reported, and
 nothing else is fetched). A dropped connection is resumed with a Range request by
-huggingface_hub. Every failure is one line, exit 2 (DownloadError)."""
+huggingface_hub. Every failure is one line, exit 2 (DownloadError): an id that is not a Hub
+repository id is refused before any lookup (`check_repo_id`), online or offline."""
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,8 @@ class DownloadPlan:
 
 
 def split_model_id(model_id: str, gguf_file: str | None) -> tuple[str, str | None]:
-    """(repo id, GGUF file or quant tag): `--gguf-file` or a `:FILE` / `:QUANT` suffix."""
+    """(repo id, GGUF file or quant tag): `--gguf-file` or a `:FILE` / `:QUANT` suffix. The
+    repo id is checked here, as the Hub spells one, before anything is looked up."""
     repo_id, sep, tail = model_id.partition(":")
     if sep and gguf_file:
         raise DownloadError(f"{model_id!r} names a GGUF file and so does --gguf-file {gguf_file!r}; give one")
@@ -53,7 +55,28 @@ def split_model_id(model_id: str, gguf_file: str | None) -> tuple[str, str | Non
         repo_id = repo_id[len("hf.co/"):]
     if sep and not tail:
         raise DownloadError(f"{model_id!r}: nothing after ':' (a GGUF file name or a quant such as Q4_K_M)")
+    check_repo_id(repo_id)
     return repo_id, gguf_file or tail or None
+
+
+def check_repo_id(repo_id: str) -> None:
+    """DownloadError unless `repo_id` is a Hub repository id (org/name or name), in one line:
+    huggingface_hub's own rule, so an id it would refuse never reaches a lookup, online or off."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        local = " (a local directory or file needs no download: give it to serve --model-id)" \
+            if os.path.exists(repo_id) else ""
+        raise DownloadError(f"invalid model id {repo_id!r}, expected org/name as on the Hub{local}: "
+                            f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def choose_gguf(repo_id: str, wanted: str, files: list[str]) -> tuple[str, ...]:
@@ -148,10 +171,13 @@ def _repo_files(repo_id: str, revision: str | None) -> list[str]:
 def _one_line(exc: Exception, repo_id: str, revision: str | None) -> str:
     """huggingface_hub's and the transport's failures, each said in one line."""
     from huggingface_hub import constants
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
-                                        OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError,
+                                        LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     where = constants.ENDPOINT
+    if isinstance(exc, HFValidationError):  # an argument huggingface_hub refuses (a revision, a file name)
+        return f"{repo_id}: {_first_line(exc)}"
     if isinstance(exc, GatedRepoError):
         return f"{repo_id} is gated: accept its terms on {where} and set HF_TOKEN"
     if isinstance(exc, RepositoryNotFoundError):
@@ -161,9 +187,9 @@ def _one_line(exc: Exception, repo_id: str, revision: str | None) -> str:
     if isinstance(exc, OfflineModeIsEnabled):
         return "HF_HUB_OFFLINE is set; unset it to download"
     if isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
-        return f"{repo_id}: {str(exc).splitlines()[0]}"
+        return f"{repo_id}: {_first_line(exc)}"
     cause = exc.__cause__ if isinstance(exc, LocalEntryNotFoundError) and exc.__cause__ else exc
-    detail = str(cause).splitlines()[0] if str(cause) else "no detail"
+    detail = _first_line(cause) if str(cause).strip() else "no detail"
     return (f"cannot download from {where} ({type(cause).__name__}: {detail}); check the network and "
             "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use what is cached")
 
@@ -179,7 +205,7 @@ def _transport_error() -> type[Exception]:
 
 def run_download(args: argparse.Namespace) -> int:
     from huggingface_hub import constants
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
 
     try:
         repo_id, gguf = split_model_id(args.model_id, args.gguf_file)
@@ -190,7 +216,8 @@ def run_download(args: argparse.Namespace) -> int:
                 plan = plan_download(repo_id, args.revision, gguf, _repo_files(repo_id, args.revision),
                                      convert=not args.no_convert)
                 path = download(plan)
-            except (HfHubHTTPError, EntryNotFoundError, OfflineModeIsEnabled, _transport_error()) as exc:
+            except (HfHubHTTPError, EntryNotFoundError, HFValidationError, OfflineModeIsEnabled,
+                    _transport_error()) as exc:
                 raise DownloadError(_one_line(exc, repo_id, args.revision)) from exc
     except DownloadError as error:
         print(f"switchyard: error: download-weights: {error}", file=sys.stderr)
@@ -218,5 +245,5 @@ def add_download_command(commands, formatter_class=argparse.HelpFormatter) -> No
     parser.set_defaults(run=run_download)
 
 
-__all__ = ["DownloadError", "DownloadPlan", "add_download_command", "choose_gguf", "download", "plan_download",
-           "run_download", "split_model_id"]
+__all__ = ["DownloadError", "DownloadPlan", "add_download_command", "check_repo_id", "choose_gguf", "download",
+           "plan_download", "run_download", "split_model_id"]

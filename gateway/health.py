@@ -9,9 +9,11 @@ from .errors import RETRY_AFTER_SECONDS, SafeJSONResponse
 
 
 def health_response(client: EngineClient) -> Response:
-    """200 once warmed up; TGI's 503 body before that (/health, /ping, GET /), with Retry-After
-    while the model loads (not once the engine has stopped for good: the server exits then)."""
+    """200 while the engine serves: warmed up and still running, asked of the client at each call
+    (`ready` checks the engine's process), so a dead engine is 503 from the moment it has ended.
+    TGI's 503 body otherwise (/health, /ping, GET /), with Retry-After while the model loads (not
+    once the engine has stopped for good: the server exits then)."""
     if not client.ready:
-        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if client.failure is None else None
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if not client.engine_gone else None
         return SafeJSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, 503, headers=retry)
     return Response(status_code=200)

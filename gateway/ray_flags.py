@@ -14,11 +14,13 @@ def add_ray_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
     parser.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS,
                         default=environ.get("DISTRIBUTED_EXECUTOR_BACKEND") or "mp",
                         help="who starts shards 1..N-1 of --num-shard N: mp, local processes (one serve per node "
-                        "with --nnodes); ray, Ray actors in a placement group on an existing Ray cluster "
-                        "(needs switchyard[ray]) [env: DISTRIBUTED_EXECUTOR_BACKEND]")
+                        "with --nnodes); ray, Ray actors in a placement group on a Ray cluster, or on a local Ray "
+                        "instance when none runs (needs switchyard[ray]) [env: DISTRIBUTED_EXECUTOR_BACKEND]")
     parser.add_argument("--ray-address", default=environ.get("RAY_ADDRESS") or "auto",
-                        help="the Ray cluster to place shards on (default auto: the cluster `ray start` "
-                        "started on this machine) [env: RAY_ADDRESS]")
+                        help="the Ray cluster to place shards on: HOST:PORT or ray://HOST:PORT (one that does not "
+                        "answer is an error); auto, the cluster `ray start` started on this machine, else a local "
+                        "Ray instance on 127.0.0.1 that the engine starts (and logs); local, always that "
+                        "(default: auto) [env: RAY_ADDRESS]")
     parser.add_argument("--ray-placement-strategy", choices=RAY_PLACEMENT_STRATEGIES, default="PACK",
                         help="how the shards' bundles spread over the Ray nodes (PACK: as few nodes as fit; "
                         "STRICT_SPREAD: one node each)")

@@ -308,3 +308,28 @@ def test_clear_errors_offline_unreachable_unknown_and_no_weights(hub, checkpoint
     hub.repos["acme/empty"] = {"README.md": b"nothing", "tf_model.h5": b"x"}
     assert "holds no weights" in _one_error_line(_download(tmp_path, hub, "acme/empty"))
     assert not (tmp_path / "hf" / "hub" / "models--acme--empty" / "snapshots").exists()
+
+
+# -- ids the Hub would refuse (issue 38): one line, exit 2, before any lookup -------------------------
+@pytest.mark.parametrize("model_id", ["not-a-valid-id!!", "a/b/c", "org/name!!:Q4_K_M", ":Q4_K_M"])
+def test_an_invalid_model_id_is_one_line_and_exit_2(model_id, capsys):
+    from switchyard.gateway.cli import main
+
+    assert main(["download-weights", model_id]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("switchyard: error: download-weights: invalid model id "), \
+        captured.err
+    assert captured.out == ""
+
+
+def test_an_invalid_model_id_from_the_cli_online_or_offline_is_one_line(tmp_path):
+    """The real CLI, as the issue ran it: no traceback online (nothing is asked of the endpoint,
+    here unreachable), and offline it is called invalid, not "not in the cache"."""
+    assert "invalid model id 'not-a-valid-id!!'" in _one_error_line(_download(tmp_path, None, "not-a-valid-id!!"))
+    assert "invalid model id 'not-a-valid-id!!'" in _one_error_line(
+        _download(tmp_path, None, "not-a-valid-id!!", HF_HUB_OFFLINE="1"))
+    local = tmp_path / "my-model"
+    local.mkdir()
+    line = _one_error_line(_download(tmp_path, None, str(local)))
+    assert "a local directory or file needs no download: give it to serve --model-id" in line
