@@ -61,6 +61,12 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def tool_logs_in_tmp(tmp_path, monkeypatch):
+    """gptqmodel writes its AWQ logs into the working directory: keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def float_model(tmp_path_factory) -> str:
     """The trained tiny Llama and its tokenizer, bf16 safetensors (built once, ~10 s)."""
