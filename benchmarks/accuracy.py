@@ -246,9 +246,9 @@ def switchyard_logits(path: str, wins: list[list[int]], ctx: int, served: bool, 
                       activations: str | None = None) -> tuple[list, dict]:
     """Float32 logits [ctx - 1 - ctx // 2, vocab] of each window's scored positions, and what ran."""
     from switchyard.core.config import EngineConfig, ModelConfig, SchedulerConfig
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.params import SamplingParams
-    from switchyard.core.request import Request
+    from switchyard.core.scheduling.request import Request
 
     first = ctx // 2
     kept: dict[str, torch.Tensor] = {}

@@ -26,9 +26,9 @@ import torch
 
 from switchyard.backends.cpu import CpuBackend
 from switchyard.core.config import EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 
 def decode_step_ms(engine: EngineCore, concurrency: int, args, rng: random.Random) -> float:

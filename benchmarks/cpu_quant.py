@@ -28,9 +28,9 @@ from cpu_decode_step import decode_step_ms
 
 from switchyard.backends.cpu import CpuBackend
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 FORMATS = ("gguf", "int4", "int8", "none")  # none: the GGUF dequantized, oneDNN-packed float
 

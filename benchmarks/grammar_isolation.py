@@ -18,11 +18,11 @@ import asyncio
 import statistics
 import time
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from switchyard.core.grammar import GrammarError, GrammarSpec
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 
 def heavy_schema(seed: int, size: int = 12000) -> GrammarSpec:
@@ -32,7 +32,7 @@ def heavy_schema(seed: int, size: int = 12000) -> GrammarSpec:
 
 def make_client(grammar: GrammarConfig) -> InProcessEngineClient:
     def factory():
-        from switchyard.core.engine import EngineCore
+        from switchyard.core.engine.core import EngineCore
         from switchyard.core.loader import load_tokenizer
 
         config = EngineConfig(model=ModelConfig(), cache=CacheConfig(num_blocks=512),

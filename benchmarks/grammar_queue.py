@@ -25,7 +25,7 @@ import time
 from switchyard.core.config import GrammarConfig
 from switchyard.core.grammar import GrammarError, GrammarSpec
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 from grammar_isolation import heavy_schema, make_client  # noqa: E402  (the same engine and heavy schemas)
 

@@ -38,13 +38,13 @@ from collections import defaultdict
 
 import torch
 
-import switchyard.core.runner as runner_module
+import switchyard.core.execution.runner as runner_module
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
-from switchyard.core.engine_messages import EngineLoad, StepDone, StepStats
-from switchyard.core.output_processor import OutputProcessor
+from switchyard.core.engine.core import EngineCore
+from switchyard.core.engine.messages import EngineLoad, StepDone, StepStats
+from switchyard.core.engine.output_processor import OutputProcessor
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 PHASES = ("schedule", "step_input", "forward", "sample", "update", "engine_rest", "detokenize", "message", "sse")
 

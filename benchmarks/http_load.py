@@ -89,8 +89,8 @@ def offline(args) -> dict[int, float]:
 _THREAD_SERVE = """
 import sys
 import switchyard.gateway.serve as serve
-from switchyard.core.client import InProcessEngineClient
-from switchyard.core.engine_process import build_engine
+from switchyard.core.engine.client import InProcessEngineClient
+from switchyard.core.engine.process import build_engine
 
 class ThreadClient(InProcessEngineClient):
     def wait_model_checked(self, timeout=None):

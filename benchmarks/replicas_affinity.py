@@ -82,7 +82,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def hit_rate_ceiling(bodies: list[dict], block_size: int = 16) -> float:
     """The prefix-cache hit rate of `bodies` through one cache that never evicts, one request at a
     time: a request hits the full blocks (at most its length - 1 tokens) that an earlier one had."""
-    from switchyard.core.chat_template import render_chat
+    from switchyard.core.text.chat_template import render_chat
     from switchyard.core.config import ModelConfig
     from switchyard.core.loader import load_tokenizer
 

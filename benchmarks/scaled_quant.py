@@ -38,7 +38,7 @@ def main() -> None:
     from switchyard.backends.cpu.fp8_linear import Fp8Linear, load_fp8_kernel
     from switchyard.backends.cpu.linear import PackedLinear, packable_dtypes
     from switchyard.core.loader.gguf_cache import default_cache_root
-    from switchyard.core.quant.scaled import quantize_bnb, quantize_fp8
+    from switchyard.core.quant.weight import quantize_bnb, quantize_fp8
 
     out, inp = args.shape
     weight = torch.randn(out, inp) * 0.02

@@ -6,7 +6,7 @@ A tiny random Llama (12 heads / 6 KV heads, so 1, 2 and 3 shards all divide it) 
 decode steps through the real engine; on rank 0 (this process) the step broadcast
 (core/shard_worker.broadcast_object) and the model's collectives (TorchCommunicator) are
 timed. Then two ways of sending a c=32 decode step to the shards are compared: torch's
-broadcast_object_list (pickle, then two broadcasts) and core.distributed.broadcast_object
+broadcast_object_list (pickle, then two broadcasts) and core/shards/distributed.py broadcast_object
 (the pickle in one fixed-size buffer).
 Figures from a shared 2-core machine are an overhead, not a speed-up.
 """
@@ -22,11 +22,12 @@ from collections.abc import Callable
 import torch
 
 from switchyard.core import LLM, SamplingParams
-from switchyard.core import distributed, shard_worker
+from switchyard.core.shards import distributed
+from switchyard.core.engine.core import shard_worker
 from switchyard.core.backend import ShardInfo
-from switchyard.core.request import Request
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from switchyard.core.shard_group import ProcessShardLauncher
+from switchyard.core.scheduling.request import Request
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
+from switchyard.core.shards.group import ProcessShardLauncher
 
 class CommTimer:
     """Wraps the communication entry points of rank 0 and adds up their wall time."""
@@ -105,7 +106,7 @@ def _receive(shard: ShardInfo, rounds: int) -> None:
 
 
 def compare_encodings(rounds: int = 200) -> tuple[float, float, int]:
-    """(ms per torch broadcast_object_list, ms per core.distributed.broadcast_object,
+    """(ms per torch broadcast_object_list, ms per core/shards/distributed.py broadcast_object,
     pickled bytes) of a c=32 decode step."""
     port = shard_worker.free_port("127.0.0.1")
     shards = [ShardInfo(r, 2, r, "127.0.0.1", port, 2) for r in range(2)]

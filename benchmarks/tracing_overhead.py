@@ -22,7 +22,7 @@ from concurrent import futures
 import httpx
 import uvicorn
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, TracingConfig
 from switchyard.gateway.app import create_app
 from switchyard.gateway.serve import DrainingServer
@@ -51,7 +51,7 @@ class Receiver:
 
 
 def tiny_engine():
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.loader import load_tokenizer
 
     config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy"),

@@ -200,7 +200,7 @@ class BackendInterface(ABC):
         """Environment variables the engine process must start with to run this backend well
         (preloaded libraries, OpenMP settings, a setting a library reads only from its
         environment), already merged with the present os.environ so that a user's own values
-        stay. Asked by the engine process (core/engine_process.py) right after it selects the
+        stay. Asked by the engine process (core/engine/process.py) right after it selects the
         backend, before anything is loaded: when they are not in effect it re-executes itself
         once with them, and the shard processes it starts inherit them.
         `config.runtime == "plain"` asks for no tuning. Cheap, no device context. The default
@@ -215,7 +215,7 @@ class BackendInterface(ABC):
     @abstractmethod
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         """Create the device context for shard.local_rank, and join the shard group
-        (core.distributed.init_process_group, which also makes the control group) when
+        (core/shards/distributed.py init_process_group, which also makes the control group) when
         shard.sharded. Called once per process, before loading."""
 
     @abstractmethod

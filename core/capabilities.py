@@ -4,7 +4,7 @@ Called once when an engine starts, before anything is loaded:
 - an instruction-set level (`isa`) the backend does not list is refused (one line);
 - `dtype="auto"` becomes the backend's preferred dtype, or float32 for weights it multiplies in
   integers (Capabilities.integer_quantizations; the copy returned says which);
-- `quantize` becomes the method the weights are served in (core/quant/methods.py served_method:
+- `quantize` becomes the method the weights are served in (core/quant/choice.py served_method:
   a GGUF file in its own blocks, a Hub checkpoint in its quantization_config's method);
 - shards (--num-shard > 1) where the backend declares why it cannot run them here
   (Capabilities.unshardable_reason) are refused (one line);
@@ -40,7 +40,7 @@ def _listed(values) -> str:
 
 
 def _served_quantization(config: EngineConfig, caps: Capabilities) -> str | None:
-    """The method the weights are served in (core/quant/methods.py served_method), logged once."""
+    """The method the weights are served in (core/quant/choice.py served_method), logged once."""
     from .loader import served_quantization
 
     quantize, why = served_quantization(config.model, config.parallel.tensor_parallel_size > 1, caps.quantizations)

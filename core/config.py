@@ -75,7 +75,7 @@ class SchedulerConfig:
     # Most requests running at once: TGI --max-batch-size.
     max_num_seqs: int = 256
     # Backends that cannot mix prefill and decode in one step set this False; their steps
-    # are prefill-only or decode-only, chosen by TGI's router policy (core/prefill_policy.py):
+    # are prefill-only or decode-only, chosen by TGI's router policy (core/scheduling/prefill_policy.py):
     # a prefill step once waiting >= floor(decoding * waiting_served_ratio) (TGI
     # --waiting-served-ratio), or after max_waiting_tokens - 1 decode steps in a row (TGI
     # --max-waiting-tokens), or when nothing can decode.
@@ -163,12 +163,12 @@ class ParallelConfig:
     master_port: int | None = None
     # The logical CPUs this engine's process (and so its shards and grammar workers) may run on;
     # None = what the server may. Set per data-parallel replica (gateway/replicas.py) so replicas
-    # never share cores; applied once, first thing in the engine process (core/engine_process.py),
+    # never share cores; applied once, first thing in the engine process (core/engine/process.py),
     # before the backend plans its threads from the process's affinity.
     cpus: tuple[int, ...] | None = None
     # Who starts shards 1..N-1 (vLLM's --distributed-executor-backend): "mp" = the backend's
     # launcher (local processes, one `serve` per node); "ray" = Ray actors in a placement group
-    # on the cluster at ray_address (core/ray_launcher.py), one bundle per shard placed with
+    # on the cluster at ray_address (core/shards/ray_launcher.py), one bundle per shard placed with
     # ray_placement_strategy (PACK | SPREAD | STRICT_PACK | STRICT_SPREAD).
     executor_backend: str = "mp"
     ray_address: str = "auto"
@@ -281,7 +281,7 @@ class EngineConfig:
     runtime: str = "tuned"
     # The engine process loads and warms up at the lowest CPU priority (SCHED_IDLE), then serves at
     # the normal one: a model loaded on demand (gateway/models_registry.py) does not take the cores
-    # of a model that is streaming beside it (core/engine_priority.py).
+    # of a model that is streaming beside it (core/engine/priority.py).
     start_in_background: bool = False
     # ... and stays there once ready (a models file's `priority: background`): it computes only
     # when the cores are otherwise free, so a model streaming beside it keeps its pace while it

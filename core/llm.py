@@ -5,14 +5,14 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .chat_template import render_chat
+from .text.chat_template import render_chat
 from .config import (CacheConfig, EngineConfig, GrammarConfig, ModelConfig, ParallelConfig, SchedulerConfig,
                      SpeculativeConfig)
-from .engine import EngineCore
+from .engine.core import EngineCore
 from .loader import load_hf_tokenizer
-from .output_processor import OutputProcessor
+from .engine.output_processor import OutputProcessor
 from .params import SamplingParams, ValidationError
-from .request import FinishReason, Request, sequence_seed
+from .scheduling.request import FinishReason, Request, sequence_seed
 
 
 TextCallback = Callable[[int, int, str], None]  # (prompt index, sample index, new text)
@@ -50,7 +50,7 @@ class LLM:
     """`LLM(model=None, backend=None)`: None = the default model / the best usable backend.
 
     `tensor_parallel_size=N` runs rank 0 in this process and N - 1 shard processes (see
-    core/shard_worker.py); `parallel` gives the whole ParallelConfig instead (multi-node).
+    core/engine/shard_worker.py); `parallel` gives the whole ParallelConfig instead (multi-node).
     `shutdown()` (or leaving a `with LLM(...)` block) stops them; they also end with this process."""
 
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
@@ -81,7 +81,7 @@ class LLM:
             quantized_activations=quantized_activations,
         )
         # transformers' tokenizer, as vLLM's LLM holds (its apply_chat_template and the rest); a
-        # server's engine holds the lighter ServingTokenizer where it can (core/engine_process.py)
+        # server's engine holds the lighter ServingTokenizer where it can (core/engine/process.py)
         self.tokenizer = load_hf_tokenizer(self.config.model)
         self.engine = EngineCore(self.config, tokenizer=self.tokenizer)
         self._ids = itertools.count()

@@ -48,7 +48,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-n of each prompt token; None = no prompt logprobs
     typical_p: float = 1.0  # locally typical sampling; 1.0 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
-    watermark: bool = False  # Kirchenbauer et al. green-list watermark (core/watermark.py)
+    watermark: bool = False  # Kirchenbauer et al. green-list watermark (core/execution/watermark.py)
     grammar: GrammarSpec | None = None  # constrain the output (core/grammar); None = free text
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ into `TracingConfig.protocol`) behind a batch span processor, which exports on a
 (OTEL_BSP_SCHEDULE_DELAY, 5 s by default) and flushes at shutdown. The exporter reads the
 other OTEL_EXPORTER_OTLP_* variables (headers, timeout, certificates, compression) itself.
 
-`EngineTracer` is the engine's side (core/engine_loop.py calls it): for each request that
+`EngineTracer` is the engine's side (core/engine/loop.py calls it): for each request that
 arrived with a trace context (`Request.trace_context`, the gateway's request span), the spans
 `queue` (added to the engine -> first scheduled, grammar wait included), `prefill` (first
 scheduled -> first token) and `decode` (first token -> finished), children of that request
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .config import TracingConfig
-    from .request import Request, RequestOutput
-    from .scheduler_output import SchedulerOutput
+    from .scheduling.request import Request, RequestOutput
+    from .scheduling.output import SchedulerOutput
 
 PROTOCOLS = ("grpc", "http/protobuf")
 

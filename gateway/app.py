@@ -14,7 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from switchyard.core.client import EngineClient
+from switchyard.core.engine.client import EngineClient
 from switchyard.core.params import ValidationError
 
 from .drain import Drain, StreamDrain

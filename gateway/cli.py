@@ -135,7 +135,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _generate_chat(args: argparse.Namespace, tokenizer) -> bool:
     """Whether `generate` renders its prompts with the chat template (ChatTemplateError when
     --chat insists on a template the model lacks)."""
-    from switchyard.core.chat_template import ChatTemplateError, has_chat_template
+    from switchyard.core.text.chat_template import ChatTemplateError, has_chat_template
 
     if args.raw:
         return False

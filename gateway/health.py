@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi.responses import Response
 
-from switchyard.core.client import EngineClient
+from switchyard.core.engine.client import EngineClient
 
 from .errors import RETRY_AFTER_SECONDS, SafeJSONResponse
 

@@ -22,7 +22,7 @@ The models file (YAML) is a list, or a mapping with a `models` list, of entries:
 `cpus`; anything not given is the command line's. `priority: background` keeps a model's engine
 at idle CPU priority once loaded, not only while it loads: it computes only when the cores are
 otherwise free, so the models beside it keep their inter-token latency while it answers, at the
-cost of its own speed whenever they stream (core/engine_priority.py); `normal` (the default)
+cost of its own speed whenever they stream (core/engine/priority.py); `normal` (the default)
 shares the cores evenly once loaded. `cpus` ("0-3,6" as taskset writes it, or a list) gives a
 model's engine (its replicas split them) only those logical CPUs: models on disjoint cores
 disturb each other least, each at the speed of its own cores.
@@ -44,7 +44,7 @@ from .errors import ErrorKind, GatewayError
 from .settings import ServerSettings
 
 if TYPE_CHECKING:  # imported where used: `switchyard serve --help` reads only the flags here
-    from switchyard.core.client_base import EngineClient
+    from switchyard.core.engine.client_base import EngineClient
     from switchyard.core.config import EngineConfig
 
     from .metrics import Metrics
@@ -163,7 +163,7 @@ class ModelRegistry:
         from .service import GenerationService
 
         logger.info("loading model %s", entry.spec.name)
-        # loaded at idle CPU priority, so the models serving beside it keep their pace (core/engine_priority.py)
+        # loaded at idle CPU priority, so the models serving beside it keep their pace (core/engine/priority.py)
         client = self._make(replace(entry.spec, config=replace(entry.spec.config, start_in_background=True)))
         service = GenerationService(client, replace(self._settings, model_id=entry.spec.name,
                                                     served_model_names=()), self._metrics)

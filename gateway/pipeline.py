@@ -20,8 +20,8 @@ from functools import partial
 
 from fastapi import Request
 
-from switchyard.core.client import RequestStream
-from switchyard.core.request import RequestOutput
+from switchyard.core.engine.client import RequestStream
+from switchyard.core.scheduling.request import RequestOutput
 
 from .errors import ErrorKind, GatewayError
 from .service import Admission, GenerationService, until_disconnected

@@ -1,4 +1,4 @@
-"""`switchyard serve`'s Ray flags (core/ray_launcher.py): `--distributed-executor-backend
+"""`switchyard serve`'s Ray flags (core/shards/ray_launcher.py): `--distributed-executor-backend
 {mp,ray}` (vLLM's flag), the cluster's `--ray-address` and the shards' `--ray-placement-strategy`.
 Checked here, before anything loads, into ParallelConfig's fields; Ray is not imported."""
 from __future__ import annotations

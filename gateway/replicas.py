@@ -39,12 +39,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from switchyard.core.client_base import EngineClient, RequestStream
-from switchyard.core.engine_process import ProcessEngineClient
-from switchyard.core.engine_messages import EngineInfo, EngineLoad, StepStats
+from switchyard.core.engine.client_base import EngineClient, RequestStream
+from switchyard.core.engine.process import ProcessEngineClient
+from switchyard.core.engine.messages import EngineInfo, EngineLoad, StepStats
 from switchyard.core.errors import EngineDeadError
 from switchyard.core.params import ValidationError
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 from .metrics import Gauge
 

@@ -359,7 +359,7 @@ def _log_model(client) -> None:
 def _preload_tokenizer_code() -> None:
     """Imports the tokenizer's and the chat template's code (`tokenizers`, jinja2; no
     transformers, no torch) while the engine loads: the engine hands its tokenizer over pickled
-    when ready (core/serving_tokenizer.py), and the first chat request compiles a template."""
+    when ready (core/text/serving_tokenizer.py), and the first chat request compiles a template."""
     try:
         import jinja2.sandbox  # noqa: F401 - the import is the point
         import tokenizers  # noqa: F401
@@ -379,7 +379,7 @@ def _exit_status(client) -> int:
 def _run_shard_node(config) -> int:
     """A node k > 0 of a multi-node run: its shards only (no HTTP, no scheduler)."""
     from switchyard.core.plugins import select_backend
-    from switchyard.core.shard_worker import run_node
+    from switchyard.core.engine.shard_worker import run_node
 
     return run_node(config, select_backend(config.backend))
 
@@ -412,12 +412,12 @@ class DrainingServer(uvicorn.Server):
 
 def make_engine_client(config, json_output: bool = False, data_parallel_size: int = 1,
                        data_parallel_routing: str = "cache-aware"):
-    """The engine in its own process (core/engine_process.py): this process never imports
+    """The engine in its own process (core/engine/process.py): this process never imports
     torch, and a crash there is reported here instead of taking the server down silently.
     With --data-parallel-size N > 1, N of them behind one ReplicaSetClient (gateway/replicas.py)."""
     from functools import partial
 
-    from switchyard.core.engine_process import ProcessEngineClient
+    from switchyard.core.engine.process import ProcessEngineClient
 
     from .logs import configure_logging
 

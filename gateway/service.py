@@ -8,11 +8,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
-from switchyard.core.chat_template import ChatTemplateError, render_chat
-from switchyard.core.client import EngineClient, EngineDeadError, RequestStream
+from switchyard.core.text.chat_template import ChatTemplateError, render_chat
+from switchyard.core.engine.client import EngineClient, EngineDeadError, RequestStream
 from switchyard.core.grammar import GrammarUnavailable
 from switchyard.core.params import SamplingParams, ValidationError
-from switchyard.core.request import FinishReason, Request, RequestOutput
+from switchyard.core.scheduling.request import FinishReason, Request, RequestOutput
 
 from .errors import ErrorKind, GatewayError
 from .metrics import Metrics

@@ -37,7 +37,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard.core.params import SamplingParams, ValidationError
-from switchyard.core.request import FinishReason, RequestOutput
+from switchyard.core.scheduling.request import FinishReason, RequestOutput
 
 from .auth import require_api_key
 from .errors import ErrorKind, GatewayError, SafeJSONResponse, invalid

@@ -30,7 +30,7 @@ from switchyard.core.params import ValidationError
 from switchyard.core.tracing import PROTOCOLS, protocol_from_environment
 
 if TYPE_CHECKING:
-    from switchyard.core.request import Request, RequestOutput
+    from switchyard.core.scheduling.request import Request, RequestOutput
 
 DEFAULT_SERVICE_NAME = "switchyard"
 # span names of the inference routes, TGI's where it has the route; any other POST: its path

@@ -10,7 +10,7 @@ import pytest
 
 from switchyard.core import LLM, SamplingParams
 from switchyard.core import llm as llm_module
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.gateway.cli import main
 
 TINY = ["--model-id", "llama-tiny", "--load-format", "dummy", "--backend", "cpu", "--dtype", "float32",

@@ -46,7 +46,7 @@ def test_wheel_holds_the_namespaced_packages_and_entry_points(tmp_path):
         names = set(z.namelist())
         z.extractall(tmp_path / "site")
         entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    for module in ["switchyard/core/engine.py", "switchyard/core/kv/block_pool.py", "switchyard/gateway/cli.py",
+    for module in ["switchyard/core/engine/core.py", "switchyard/core/kv/block_pool.py", "switchyard/gateway/cli.py",
                    "switchyard/backends/cpu/attention.py", "switchyard/backends/cuda/__init__.py"]:
         assert module in names
     csrc = os.path.join(ROOT, "backends", "cpu", "csrc")

@@ -11,6 +11,7 @@ import torch
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
                                      ShardInfo)
+from switchyard.core.shards.process_group import ProcessGroupShards
 from switchyard.core.config import CacheConfig
 from switchyard.core.kv.sizing import KVCacheSize, blocks_from_configuration, check_fits
 from switchyard.core.layers import Linear
@@ -107,7 +108,7 @@ def preferred_dtype(flags: frozenset[str] | None = None) -> str:
     return "float32"
 
 
-class CpuBackend(Backend):
+class CpuBackend(ProcessGroupShards, Backend):
     name = "cpu"
     priority = 0
     dist_backend = "gloo"
@@ -135,7 +136,7 @@ class CpuBackend(Backend):
                             static_shapes=False, attention_impl=self.attention_impl(),
                             quantizations=served_by(self.name),
                             preferred_dtype=preferred_dtype(), runtime=this_machine().describe(),
-                            # a verify's tokens are decode rows (core/runner.py decodes_by_row): the
+                            # a verify's tokens are decode rows (core/execution/runner.py decodes_by_row): the
                             # fused C++ layers run them; the compiled graphs leave them to eager steps
                             multi_token_decode=True,
                             # 2-core AMX Xeon, the default model: 8.5 ms a one-row step, +1.2 ms a row

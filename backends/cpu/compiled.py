@@ -6,7 +6,7 @@ At warm-up (`CompiledDecodeRunner.compile`) the whole step, model and LM head, i
 compiled by inductor once per batch-size bucket (compile_sizes: few, since each
 costs compile time at first start), with every layer's attention call an opaque
 custom op (compiled_attention.py) so each bucket is one graph without breaks. A
-decode-only step of B requests is staged into static buffers (core/decode_batch.py),
+decode-only step of B requests is staged into static buffers (core/execution/decode_batch.py),
 padded to the smallest bucket >= B and run through that bucket's graph; padding rows
 write no KV. Prompt chunks, mixed steps, prompt logprobs and batches above the
 largest bucket run the eager path (ModelRunner.execute).
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from switchyard.core.backend import Backend
-from switchyard.core.decode_batch import BucketedDecodeRunner, DecodeBuffers
+from switchyard.core.execution.decode_batch import BucketedDecodeRunner, DecodeBuffers
 
 logger = logging.getLogger(__name__)
 

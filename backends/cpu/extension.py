@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from switchyard.core.heartbeat import Heartbeat
+from switchyard.core.engine.heartbeat import Heartbeat
 
 from .runtime import cpu_flags
 

@@ -132,7 +132,7 @@ class FusedDecodeRunner(CpuModelRunner):
         decode_rows = step.meta.num_decodes == step.input_ids.shape[0] and not step.prompt_logits_spans
         if not (self.by_row or decode_rows):
             return super().forward(step)
-        meta = step.meta  # one decode row per query token (core/runner.py build_step_input)
+        meta = step.meta  # one decode row per query token (core/execution/runner.py build_step_input)
         hidden = self.layout.embed(step.input_ids).contiguous()
         cos, sin = self.layout.rotary(step.positions, hidden.dtype)
         self.num_fused_steps += 1

@@ -3,7 +3,7 @@ multiplies block-format weights.
 
 Block-format weights take one integer arithmetic for any number of rows (quant.py BlockLinear),
 and the decode attention kernel computes a row whatever rows share its call
-(csrc/paged_decode.h). Laying every query token out as a decode row (core/runner.py
+(csrc/paged_decode.h). Laying every query token out as a decode row (core/execution/runner.py
 build_step_input `by_row`), prompt chunks included, then gives a request the same logits
 however its prompt was chunked, whether its prefix was cached, and whatever else was batched
 with it; greedy speculation gives exactly the tokens of greedy decoding. Float models keep
@@ -11,7 +11,7 @@ prompt chunks on SDPA (their oneDNN products depend on the batch's rows anyway).
 """
 from __future__ import annotations
 
-from switchyard.core.runner import ModelRunner
+from switchyard.core.execution.runner import ModelRunner
 
 from .quant import BlockLinear
 

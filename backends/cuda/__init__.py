@@ -2,7 +2,7 @@
 decode steps, warm-up memory profiling, NCCL communicator and one process per GPU."""
 from .backend import CudaBackend, probe_cuda
 from .distributed import GpuShardLauncher, visible_device_ids
-from switchyard.core.decode_batch import bucket_for, capture_sizes
+from switchyard.core.execution.decode_batch import bucket_for, capture_sizes
 
 from .graphs import CudaGraphRunner
 

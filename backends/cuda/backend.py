@@ -13,11 +13,12 @@ import torch
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
                                      ShardInfo)
+from switchyard.core.shards.process_group import ProcessGroupShards
 from switchyard.core.config import CacheConfig, EngineConfig
 from switchyard.core.quant.methods import served_by
 
 from .device import CudaDevice
-from switchyard.core.distributed import init_process_group
+from switchyard.core.shards.distributed import init_process_group
 
 from .distributed import GpuShardLauncher
 from .flash import AttentionChoice, FlashAttnKernel, choose_attention, describe_attention, flash_attn_module
@@ -50,7 +51,7 @@ def probe_cuda() -> ProbeResult:
         return ProbeResult(False, f"probing CUDA failed: {type(error).__name__}: {error}")
 
 
-class CudaBackend(Backend):
+class CudaBackend(ProcessGroupShards, Backend):
     name = "cuda"
     priority = 100
     dist_backend = "nccl"  # RCCL on ROCm's HIP build, under the same name
@@ -77,7 +78,7 @@ class CudaBackend(Backend):
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=True,
                             static_shapes=False, attention_impl=describe_attention(flash_attn_module()),
                             quantizations=served_by(self.name),
-                            # a verify step's tokens are decode rows (core/runner.py decodes_by_row), run
+                            # a verify step's tokens are decode rows (core/execution/runner.py decodes_by_row), run
                             # eagerly: the decode graphs take steps of one token per request
                             multi_token_decode=True)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from switchyard.core.backend import ShardInfo
-from switchyard.core.shard_group import ProcessShardGroup, ProcessShardLauncher
+from switchyard.core.shards.group import ProcessShardGroup, ProcessShardLauncher
 
 
 def visible_device_ids(environ: dict[str, str] | None = None, device_count: Callable[[], int] | None = None) -> list[str]:

@@ -23,7 +23,7 @@ import logging
 import torch
 
 from switchyard.core.backend import Backend
-from switchyard.core.decode_batch import BucketedDecodeRunner, DecodeBuffers, capture_sizes
+from switchyard.core.execution.decode_batch import BucketedDecodeRunner, DecodeBuffers, capture_sizes
 from switchyard.core.layers import PagedAttention
 
 from .quant_linear import CudaQuantLinear

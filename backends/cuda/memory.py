@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from switchyard.core.config import CacheConfig
-from switchyard.core.runner import build_step_input
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from switchyard.core.execution.runner import build_step_input
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
 DEFAULT_CUDA_MEMORY_FRACTION = 1.0  # TGI's default for --cuda-memory-fraction
 KV_HEADROOM = 0.95  # of the budget: graph pool, static buffers, fragmentation

@@ -45,7 +45,7 @@ class NeuronBackend(TpuBackend):
     def process_environment(self, config) -> dict[str, str]:
         """The compile cache location, merged with the present environment: neuronx-cc and the
         Neuron runtime read it only from NEURON_COMPILE_CACHE_URL, so the engine process starts
-        with it (core/engine_process.py re-executes itself once when it differs; each shard
+        with it (core/engine/process.py re-executes itself once when it differs; each shard
         process gets it in neuron_shard_env). Asked whatever `config.runtime` says: it is where
         compiled graphs are kept, not a tuning. An engine run inside this process (no engine
         process) leaves the environment as it is, the SDK then keeping its own default."""

@@ -15,8 +15,9 @@ import torch
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities,
                                      ProbeResult, ShardInfo)
-from switchyard.core.distributed import init_process_group
-from switchyard.core.shard_group import ProcessShardLauncher
+from switchyard.core.shards.process_group import ProcessGroupShards
+from switchyard.core.shards.distributed import init_process_group
+from switchyard.core.shards.group import ProcessShardLauncher
 
 from .attention import PallasAttentionKernel, XlaAttentionKernel
 from .buckets import ShapeBuckets
@@ -40,7 +41,7 @@ def tpu_visible() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
-class TpuBackend(Backend):
+class TpuBackend(ProcessGroupShards, Backend):
     name = "tpu"
     priority = 70
     dist_backend = "xla"  # torch_xla.distributed.xla_backend: collectives compiled into the graph
@@ -79,7 +80,7 @@ class TpuBackend(Backend):
 
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         """The XLA device of this process (its chip: tpu_shard_env), and when sharded the shard
-        group as every backend joins it (core.distributed): the data group over "xla" and the
+        group as every backend joins it (core/shards/distributed.py): the data group over "xla" and the
         gloo control group that carries each step."""
         if shard.sharded:
             import torch_xla.distributed.xla_backend  # noqa: F401  registers "xla" with torch.distributed

@@ -18,8 +18,8 @@ from dataclasses import replace
 import torch
 
 from switchyard.core.backend import AttentionMetadata, Backend
-from switchyard.core.runner import ModelRunner, StepInput, build_step_input
-from switchyard.core.scheduler_output import SchedulerOutput
+from switchyard.core.execution.runner import ModelRunner, StepInput, build_step_input
+from switchyard.core.scheduling.output import SchedulerOutput
 
 from .buckets import ShapeBuckets
 

@@ -13,6 +13,7 @@ import torch
 
 from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities,
                                      ProbeResult, ShardInfo)
+from switchyard.core.shards.process_group import ProcessGroupShards
 from switchyard.core.config import CacheConfig, EngineConfig
 
 from .attention import IpexPagedAttention, StepPlanCache
@@ -50,7 +51,7 @@ def probe_xpu(device_ops=XpuDevice, ipex_check=ipex_status) -> ProbeResult:
         return ProbeResult(False, f"probing XPU failed: {type(error).__name__}: {error}")
 
 
-class XpuBackend(Backend):
+class XpuBackend(ProcessGroupShards, Backend):
     name = "xpu"
     priority = 80
     dist_backend = "xccl"  # torch.distributed's oneCCL backend on XPU; shards on the CPU device use gloo
@@ -78,7 +79,7 @@ class XpuBackend(Backend):
         return Capabilities(dtypes=("float32", "bfloat16", "float16"), block_sizes=BLOCK_SIZES,
                             mixed_prefill_decode=True, prefix_caching=True, graph_mode=False,
                             static_shapes=False, attention_impl=ATTENTION_IMPL,
-                            multi_token_decode=True)  # a verify's tokens are decode rows (core/runner.py)
+                            multi_token_decode=True)  # a verify's tokens are decode rows (core/execution/runner.py)
 
     @property
     def device(self) -> torch.device:
@@ -98,7 +99,7 @@ class XpuBackend(Backend):
             self.device_ops.set_device()
         paged_attention()  # imports IPEX now (seconds), not inside the first step
         if shard.sharded:
-            from switchyard.core.distributed import init_process_group
+            from switchyard.core.shards.distributed import init_process_group
 
             init_process_group(shard, process_group_backend(self._device.type), device=self._device)
 

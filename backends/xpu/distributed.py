@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from switchyard.core.backend import ShardGroup, ShardInfo, ShardLauncher
-from switchyard.core.shard_group import ProcessShardLauncher
+from switchyard.core.shards.group import ProcessShardLauncher
 
 XCCL = "xccl"
 GLOO = "gloo"

@@ -76,7 +76,7 @@ def drive(engine, prompts: list[list[int]], new_tokens: int, deadline: Deadline 
     """Greedy generation of new_tokens per prompt (EOS ignored) through EngineCore.step();
     stops early at the deadline (unfinished requests are aborted and not counted)."""
     from switchyard.core.params import SamplingParams
-    from switchyard.core.request import FinishReason, Request
+    from switchyard.core.scheduling.request import FinishReason, Request
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     ids = [f"{prefix}-{i}" for i in range(len(prompts))]

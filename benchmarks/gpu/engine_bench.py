@@ -13,7 +13,7 @@ from common import Deadline, drive, random_prompts, synchronize
 def build_engine(log, backend, model: str, dtype: str, max_num_seqs: int, max_batched_tokens: int,
                  max_model_len: int | None, quantize: str | None = None, load_format: str = "dummy"):
     from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
 
     config = EngineConfig(model=ModelConfig(model=model, dtype=dtype, load_format=load_format, seed=0,
                                             max_model_len=max_model_len, quantize=quantize),

@@ -25,7 +25,7 @@ failed) may have registered blocks whose keys and values were never written;
 """
 from __future__ import annotations
 
-from ..request import Request
+from ..scheduling.request import Request
 from .block_hash import extend_block_hashes
 from .block_pool import BlockPool
 

@@ -4,7 +4,7 @@
 It reads as a straight pipeline, each stage deciding once and handing its result down:
 1. `plan_load`: resolve the source (source.py), read the config, choose the code that runs the
    model (models/__init__.py) and the quantization method its weights are served in
-   (quant/methods.py) - a `LoadPlan`, with no weight read;
+   (quant/choice.py) - a `LoadPlan`, with no weight read;
 2. build the model on the backend's device, weights not loaded (`_build_model`);
 3. `open_weights`: one reader for the plan's format - the GGUF file's blocks packed
    (gguf_packed.py) or dequantized (gguf_weights.py), a quantized Hub checkpoint's reader
@@ -27,16 +27,17 @@ import torch
 from torch import nn
 
 from ..backend_contract import SINGLE_SHARD, AttentionSpec, BackendInterface, Communicator, ShardInfo
-from ..chat_template import apply_chat_template
+from ..text.chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
 from ..quant.apply import QUANTIZE_AT_LOAD, QuantizeError, quantize_model
-from ..quant.methods import detect, served_method
+from ..quant.choice import served_method
+from ..quant.methods import detect
 from ..quant.hub import weights_reader
 from .gguf_packed import GGUFPackedWeights
 from ..models.base import CausalLM
 from ..models.plain_config import read_plain_config
-from ..serving_tokenizer import ServingTokenizer
+from ..text.serving_tokenizer import ServingTokenizer
 from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config

@@ -9,7 +9,7 @@ file's tensor table and names there (gguf_index.py).
 
 Beside transformers' own files (config.json, the tokenizer's), the directory keeps the config as
 plain attributes (core/models/plain_config.py) and the tokenizer as a ServingTokenizer
-(core/serving_tokenizer.py): what a cached start's engine reads, with no transformers import.
+(core/text/serving_tokenizer.py): what a cached start's engine reads, with no transformers import.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tempfile
 import threading
 
 from ..config import default_cache_root  # noqa: F401 - where callers have found it
-from ..heartbeat import Heartbeat
+from ..engine.heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _process_alive(pid: int) -> bool:
 def _convert(gguf_path: str, out_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from ..serving_tokenizer import ServingTokenizer
+    from ..text.serving_tokenizer import ServingTokenizer
     from .gguf_weights import load_gguf_config
     from ..models.plain_config import write_plain_config
 

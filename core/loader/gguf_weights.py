@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..heartbeat import Heartbeat
+from ..engine.heartbeat import Heartbeat
 from .gguf_index import GGUFIndex, read_index, write_index
 from .gguf_processors import make_processor, processor_kind, transformers_processor
 from ..models.plain_config import transformers_config

@@ -6,7 +6,7 @@ linears are quantized how (which method a model is served in is decided in metho
   matmul, and the one whose error reaches the logits directly), which is int8, as llama.cpp's
   Q4 presets keep it at Q6_K/Q8_0. A linear whose input width 32 does not divide is int8 too.
 - "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8": every linear (the head too, as
-  TGI does) by its SCALED_AT_LOAD function (scaled.py: bitsandbytes' own quantizers, or per-channel
+  TGI does) by its SCALED_AT_LOAD function (weight.py: bitsandbytes' own quantizers, or per-channel
   float8); a linear its format cannot hold (4-bit: in % 64) stays in --dtype.
 Each reason for a choice other than the asked one is logged once.
 """
@@ -19,8 +19,8 @@ from torch import nn
 
 from ..layers.linear import Linear
 from .methods import QuantizeError
-from .scaled import BNB_BLOCKSIZE, quantize_bnb, quantize_fp8
-from .weight import BLOCK, quantize_int4, quantize_int8
+from .scaled import BNB_BLOCKSIZE
+from .weight import BLOCK, quantize_bnb, quantize_fp8, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
 

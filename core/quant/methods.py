@@ -1,8 +1,8 @@
 """The one table of quantization methods (vLLM's QuantizationConfig classes, as data).
 
 Each row holds only what is decided from it, each field read where its one decision is made:
-- `name`, `source`, `alias_of`: `served_method` (the --quantize value validated against the
-  model, and what it is served as);
+- `name`, `source`, `alias_of`: `served_method` (core/quant/choice.py: the --quantize value
+  validated against the model, and what it is served as);
 - `config_methods`: `detect` (a Hub checkpoint's `quantization_config` to its method);
 - `backends`: `served_by` (each backend's `Capabilities.quantizations`);
 - `summary` (with name, source and backends): `table` (`switchyard backends`), and the start log.
@@ -106,47 +106,6 @@ def config_method(quantization_config: Mapping[str, Any]) -> str:
 
 
 NONE = "none"  # --quantize none: a GGUF file's weights dequantized into --dtype (no method)
-
-
-def served_method(requested: str | None, gguf_file: str | None, quantization_config: Mapping[str, Any] | None,
-                  sharded: bool = False, backend_methods: tuple[str, ...] = ()) -> tuple[str | None, str]:
-    """The one decision of which method the weights are served in, and why (for the start log):
-    - a GGUF file: its own blocks ("gguf"), as llama.cpp and ollama serve it, unless --quantize
-      asks another (int8 / int4 requantize the dequantized weights; "none": floats in --dtype).
-      Tensor-parallel shards, and a backend that does not serve "gguf" (`backend_methods`: its
-      Capabilities.quantizations), take floats: quantized weights are not split.
-    - a pre-quantized checkpoint: the method its quantization_config names; a --quantize naming
-      another is refused.
-    - a float checkpoint: what --quantize asks (None: the checkpoint's dtype).
-    Floats from a GGUF come back as "none", not None, so that deciding again gives the same answer."""
-    method = lookup(requested) if requested is not None and requested != NONE else None
-    checkpoint = detect(quantization_config) if gguf_file is None else None
-    if method is not None and method.source == "gguf" and gguf_file is None:
-        raise QuantizeError(f"--quantize {requested} needs a GGUF model file; this model has no GGUF weights "
-                            "(use --quantize int8 or int4 to quantize a float checkpoint)")
-    if method is not None and method.source == "checkpoint" and checkpoint is None:
-        raise QuantizeError(f"--quantize {requested} needs a checkpoint quantized with {requested} (its config.json's "
-                            "quantization_config); use --quantize int8 or int4 to quantize a float checkpoint")
-    if checkpoint is not None:
-        from .hub import check_config  # refuses a variant no reader serves (one line), before any weight is read
-
-        check_config(checkpoint.name, quantization_config)
-        if requested not in (None, checkpoint.name) and (method is None or checkpoint.name not in method.alias_of):
-            raise QuantizeError(f"--quantize {requested}: the checkpoint is quantized with {checkpoint.name} "
-                                f"(its quantization_config); serve it without --quantize or with --quantize "
-                                f"{checkpoint.name}")
-        return checkpoint.name, f"the checkpoint's quantization_config ({checkpoint.summary})"
-    if gguf_file is not None and requested is None:
-        if sharded:
-            return NONE, "the GGUF file dequantized: tensor-parallel shards do not split quantized weights"
-        if "gguf" not in backend_methods:
-            return NONE, "the GGUF file dequantized: the backend does not multiply GGUF blocks"
-        return "gguf", "the GGUF file's own blocks (--quantize none dequantizes, int8/int4 requantize)"
-    if requested == NONE:
-        return NONE, "dequantized into --dtype (--quantize none)"
-    if method is not None and method.alias_of:
-        return method.alias_of[0], f"--quantize {requested}: {method.summary}"
-    return requested, "--quantize" if requested is not None else "the checkpoint's float weights"
 
 
 def table() -> str:

@@ -17,7 +17,7 @@ so rows stay self-contained: they can be permuted, sliced and concatenated like 
   repeated) or in / 128 groups (blocks: each row carries its block row's scales).
 
 The dequantization here is plain torch (the reference of the kernels in backends/); bitsandbytes is
-needed only to make the bnb formats at load (`quantize_bnb`) and by the kernels that multiply them.
+needed only to make the bnb formats at load (weight.py `quantize_bnb`) and by the kernels that multiply them.
 """
 from __future__ import annotations
 
@@ -71,39 +71,3 @@ def dequantize_scaled(fmt: str, data: torch.Tensor, scales: torch.Tensor, inp: i
     group = inp // scales.shape[1]
     values = codes(fmt, data, inp).reshape(data.shape[0], scales.shape[1], group)
     return (values * scales[..., None]).reshape(data.shape[0], inp)
-
-
-def quantize_bnb(weight: torch.Tensor, fmt: str):
-    """A float [out, in] weight quantized by bitsandbytes itself, as TGI's --quantize bitsandbytes*
-    does: 4-bit with `quantize_4bit` (blocks of 64, double-quantized absmax as TGI's
-    compress_statistics=True, then dequantized to float32 by bitsandbytes' dequantize_blockwise),
-    LLM.int8 with `int8_vectorwise_quant` of the fp16 weight (what Int8Params does). Returns None
-    where the format cannot hold it (4-bit: in % 64)."""
-    import bitsandbytes.functional as F
-
-    from .weight import QuantizedWeight
-
-    out, inp = weight.shape
-    weight = weight.detach()
-    if fmt == "bnb_int8":
-        q, scb, _ = F.int8_vectorwise_quant(weight.to(torch.float16))
-        return QuantizedWeight(fmt, (out, inp), q.contiguous(), scb.float().reshape(out, 1).contiguous())
-    if inp % BNB_BLOCKSIZE:
-        return None
-    source = weight if weight.dtype in (torch.float32, torch.bfloat16, torch.float16) else weight.float()
-    packed, state = F.quantize_4bit(source.contiguous(), blocksize=BNB_BLOCKSIZE, quant_type=QUANT_TYPES[fmt],
-                                    compress_statistics=True)
-    absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
-    return QuantizedWeight(fmt, (out, inp), packed.reshape(out, inp // 2).contiguous(),
-                           absmax.float().reshape(out, inp // BNB_BLOCKSIZE).contiguous())
-
-
-def quantize_fp8(weight: torch.Tensor):
-    """A float [out, in] weight as float8 e4m3fn with one scale per output channel (max |w| / 448,
-    as llm-compressor's FP8_DYNAMIC weights), rounded by torch's float8 cast: TGI's --quantize fp8."""
-    from .weight import QuantizedWeight
-
-    weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
-    q = (weight / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return QuantizedWeight("fp8_e4m3", tuple(weight.shape), q.view(torch.uint8).contiguous(), scales.contiguous())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .scaled import SCALED_FORMATS, check_scaled, dequantize_scaled
+from .scaled import BNB_BLOCKSIZE, FP8_MAX, QUANT_TYPES, SCALED_FORMATS, check_scaled, dequantize_scaled
 
 BLOCK = 32  # weights per q4_0/q4_1/q5_0/q5_1/q8_0 block (and the int4 group size)
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210}
@@ -213,3 +213,35 @@ def quantize_int4(weight: torch.Tensor) -> QuantizedWeight:
     qs = q[..., :16] | (q[..., 16:] << 4)
     blocks = torch.cat([d.view(torch.uint8), m.view(torch.uint8), qs], dim=-1)
     return QuantizedWeight("q4_1", (out, inp), blocks.reshape(out, -1).contiguous())
+
+
+def quantize_bnb(weight: torch.Tensor, fmt: str):
+    """A float [out, in] weight quantized by bitsandbytes itself, as TGI's --quantize bitsandbytes*
+    does: 4-bit with `quantize_4bit` (blocks of 64, double-quantized absmax as TGI's
+    compress_statistics=True, then dequantized to float32 by bitsandbytes' dequantize_blockwise),
+    LLM.int8 with `int8_vectorwise_quant` of the fp16 weight (what Int8Params does). Returns None
+    where the format cannot hold it (4-bit: in % 64)."""
+    import bitsandbytes.functional as F
+
+    out, inp = weight.shape
+    weight = weight.detach()
+    if fmt == "bnb_int8":
+        q, scb, _ = F.int8_vectorwise_quant(weight.to(torch.float16))
+        return QuantizedWeight(fmt, (out, inp), q.contiguous(), scb.float().reshape(out, 1).contiguous())
+    if inp % BNB_BLOCKSIZE:
+        return None
+    source = weight if weight.dtype in (torch.float32, torch.bfloat16, torch.float16) else weight.float()
+    packed, state = F.quantize_4bit(source.contiguous(), blocksize=BNB_BLOCKSIZE, quant_type=QUANT_TYPES[fmt],
+                                    compress_statistics=True)
+    absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
+    return QuantizedWeight(fmt, (out, inp), packed.reshape(out, inp // 2).contiguous(),
+                           absmax.float().reshape(out, inp // BNB_BLOCKSIZE).contiguous())
+
+
+def quantize_fp8(weight: torch.Tensor):
+    """A float [out, in] weight as float8 e4m3fn with one scale per output channel (max |w| / 448,
+    as llm-compressor's FP8_DYNAMIC weights), rounded by torch's float8 cast: TGI's --quantize fp8."""
+    weight = weight.detach().float()
+    scales = (weight.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    q = (weight / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return QuantizedWeight("fp8_e4m3", tuple(weight.shape), q.view(torch.uint8).contiguous(), scales.contiguous())

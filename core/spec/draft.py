@@ -33,9 +33,9 @@ from ..config import EngineConfig, ParallelConfig
 from ..errors import ValidationError
 from ..kv import BlockPool, KVCacheManager
 from ..loader import LoadedModel, choose_model, load_model, load_tokenizer
-from ..request import Request
-from ..runner import ModelRunner
-from ..scheduler_output import ScheduledRequest, SchedulerOutput
+from ..scheduling.request import Request
+from ..execution.runner import ModelRunner, runner_for
+from ..scheduling.output import ScheduledRequest, SchedulerOutput
 from .proposer import ProposalSlot
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class DraftModelProposer:
         backend.prepare_model(loaded, draft_config)
         num_blocks = config.speculative.draft_num_blocks or target_num_blocks
         kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)
-        runner = backend.make_runner(loaded, kv_caches, draft_config)
+        runner = runner_for(backend, loaded, kv_caches, draft_config)
         logger.info("draft model %s: %d KV blocks of its own", config.speculative.draft_model, num_blocks)
         return cls(runner, KVCacheManager(BlockPool(num_blocks), block_size, enable_prefix_caching=False),
                    min(loaded.max_model_len, target.max_model_len), config.scheduler.max_num_batched_tokens)

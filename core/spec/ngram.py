@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..request import Request
+from ..scheduling.request import Request
 from .proposer import ProposalSlot
 
 _MAX_CANDIDATES = 64  # most recent occurrences of the last token that are compared

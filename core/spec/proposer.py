@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..request import Request
+from ..scheduling.request import Request
 
 # One speculating decode: the request and the most tokens it may propose (>= 1) this step.
 ProposalSlot = tuple[Request, int]

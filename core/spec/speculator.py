@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
-from ..request import Request
+from ..scheduling.request import Request
 from .adaptive import AcceptanceTracker, SharedAcceptance, proposal_lengths
 from .cost import DEFAULT_ROW_COST, StepCost
 from .ngram import NgramProposer

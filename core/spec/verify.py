@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..scheduler_output import SchedulerOutput
+from ..scheduling.output import SchedulerOutput
 from .acceptance import num_accepted
 
 
@@ -45,7 +45,7 @@ class VerifyPlan:
 
 def rewind(generator: torch.Generator, state: torch.Tensor, num_draws: int, vocab_size: int) -> None:
     """Put `generator` where it would be after `num_draws` rows of sampling noise from `state`
-    (core/sampling.py draws one vocabulary-wide row of exponentials per sampled position)."""
+    (core/execution/sampling.py draws one vocabulary-wide row of exponentials per sampled position)."""
     generator.set_state(state)
     noise = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
     for _ in range(num_draws):

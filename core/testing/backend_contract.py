@@ -31,11 +31,11 @@ import torch
 from ..backend import AttentionSpec, Backend, Capabilities, ProbeResult
 from ..capabilities import DTYPE_NAMES
 from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from ..engine import EngineCore
+from ..engine.core import EngineCore
 from ..loader import torch_dtype
 from ..params import SamplingParams
-from ..request import Request
-from ..runner import ModelRunner
+from ..scheduling.request import Request
+from ..execution.runner import ModelRunner
 from .batches import AttentionStep, random_step, ragged_lens
 from .reference_backend import ReferenceBackend
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from fastapi import Request
 
-from switchyard.core.client import RequestStream
+from switchyard.core.engine.client import RequestStream
 
 from ..errors import GatewayError, SafeJSONResponse
 from ..models_registry import service_for

@@ -11,7 +11,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from switchyard.core.request import FinishReason
+from switchyard.core.scheduling.request import FinishReason
 
 
 def new_id(prefix: str) -> str:

@@ -12,7 +12,7 @@ The text and tool-call deltas come from the chat route's `ChoiceDeltas`, re-shap
 into content blocks here."""
 from __future__ import annotations
 
-from switchyard.core.request import RequestOutput
+from switchyard.core.scheduling.request import RequestOutput
 
 from ..errors import GatewayError
 from ..openai.common import openai_finish_reason

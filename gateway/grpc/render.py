@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from switchyard.core.request import FinishReason, RequestOutput
+from switchyard.core.scheduling.request import FinishReason, RequestOutput
 
 from .params import GrpcPlan, ResponseOptions
 from .proto import generation_pb2 as pb

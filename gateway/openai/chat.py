@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from switchyard.core.client import RequestStream
-from switchyard.core.request import RequestOutput
+from switchyard.core.engine.client import RequestStream
+from switchyard.core.scheduling.request import RequestOutput
 
 from ..errors import SafeJSONResponse
 from ..models_registry import service_for

@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from switchyard.core.request import FinishReason, RequestOutput
+from switchyard.core.scheduling.request import FinishReason, RequestOutput
 
 from ..errors import ErrorKind, GatewayError
 from ..pipeline import StreamRenderer

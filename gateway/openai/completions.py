@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from switchyard.core.request import RequestOutput
+from switchyard.core.scheduling.request import RequestOutput
 
 from ..errors import SafeJSONResponse, invalid
 from ..models_registry import service_for

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from switchyard.core.params import SamplingParams, ValidationError
-from switchyard.core.request import sequence_seed
+from switchyard.core.scheduling.request import sequence_seed
 
 from ..errors import ErrorKind, invalid
 from ..settings import ServerSettings

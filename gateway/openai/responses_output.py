@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from switchyard.core.request import FinishReason
+from switchyard.core.scheduling.request import FinishReason
 
 from .responses_request import ResponsesRequest
 from .tools import ToolPlan

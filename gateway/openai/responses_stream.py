@@ -13,7 +13,7 @@ Every event carries `type` and a `sequence_number`. The text and tool-call delta
 come from the chat route's `ChoiceDeltas`, re-shaped into items here."""
 from __future__ import annotations
 
-from switchyard.core.request import RequestOutput
+from switchyard.core.scheduling.request import RequestOutput
 
 from ..errors import GatewayError
 from ..pipeline import StreamRenderer

@@ -2,7 +2,7 @@
 events and the x-* headers (router/src/lib.rs, server.rs)."""
 from __future__ import annotations
 
-from switchyard.core.request import FinishReason, RequestOutput
+from switchyard.core.scheduling.request import FinishReason, RequestOutput
 
 from ..errors import ErrorKind, GatewayError
 from ..service import Timings

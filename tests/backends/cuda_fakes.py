@@ -10,9 +10,9 @@ import torch
 from switchyard.backends.cuda import CudaBackend
 from switchyard.core.backend import SINGLE_SHARD, AttentionKernel
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
 
 MiB = 2**20

@@ -34,7 +34,8 @@ from switchyard.core.config import EngineConfig, ModelConfig  # noqa: E402
 from switchyard.core.errors import BackendCapabilityError  # noqa: E402
 from switchyard.core.quant.hub import weights_reader  # noqa: E402
 from switchyard.core.quant.methods import QuantizeError, detect, served_by  # noqa: E402
-from switchyard.core.quant.scaled import CODES, quantize_bnb  # noqa: E402
+from switchyard.core.quant.scaled import CODES  # noqa: E402
+from switchyard.core.quant.weight import quantize_bnb  # noqa: E402
 from switchyard.core.quant.weight import QuantizedWeight  # noqa: E402
 
 F = import_bnb()
@@ -259,7 +260,7 @@ def test_refusals(checkpoints):
 
 
 def detect_and_check(config: dict) -> None:
-    from switchyard.core.quant.methods import served_method
+    from switchyard.core.quant.choice import served_method
 
     served_method(None, None, config)
 

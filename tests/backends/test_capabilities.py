@@ -13,7 +13,7 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.core.backend import Capabilities
 from switchyard.core.capabilities import check_capabilities
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.errors import BackendCapabilityError
 from switchyard.core.plugins import BackendError, check_backend
 from switchyard.gateway.cli import main

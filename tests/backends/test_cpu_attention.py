@@ -388,9 +388,9 @@ def test_engine_decodes_in_place_with_the_same_tokens(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.params import SamplingParams
-    from switchyard.core.request import Request
+    from switchyard.core.scheduling.request import Request
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=96, hidden_size=192, intermediate_size=256, num_hidden_layers=2,

@@ -9,7 +9,7 @@ import torch
 from switchyard.backends.cpu import CpuAttentionKernel, CpuBackend
 from switchyard.backends.cpu import backend as cpu_backend_module
 from switchyard.backends.cpu.backend import _meminfo_available_bytes
-from switchyard.core import distributed
+from switchyard.core.shards import distributed
 from switchyard.core.backend import AttentionSpec, ShardInfo
 
 

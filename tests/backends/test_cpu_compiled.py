@@ -14,11 +14,11 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu import compiled as compiled_module
 from switchyard.backends.cpu.compiled import CompiledDecodeRunner, compile_sizes
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
-from switchyard.core.runner import ModelRunner
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from switchyard.core.scheduling.request import Request
+from switchyard.core.execution.runner import ModelRunner
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
 PROMPTS = [[5, 9, 13, 17, 21, 25, 29], [7, 3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [40, 41, 42]]
 MAX_TOKENS = [9, 7, 5, 3]  # the batch shrinks 4 -> 3 (padded to 4) -> 2 -> 1 (padded to 2)

@@ -14,12 +14,12 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.compiled import CompiledDecodeRunner
 from switchyard.backends.cpu.fused_decode import FusedDecodeRunner, fused_program, linear_operands, load_decode_layers
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.loader.gguf_cache import default_cache_root
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
-from switchyard.core.runner import ModelRunner
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from switchyard.core.scheduling.request import Request
+from switchyard.core.execution.runner import ModelRunner
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
 BLOCK = 4
 TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

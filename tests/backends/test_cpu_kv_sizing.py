@@ -12,7 +12,7 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu import backend as cpu_backend_module
 from switchyard.core.backend import AttentionSpec
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.kv.sizing import (DEFAULT_KV_TOKENS, KVCacheSize, KVCacheTooLarge, blocks_for_tokens,
                                        parse_memory_size, with_usable_tokens)
 from switchyard.gateway.cli import build_parser, main
@@ -75,7 +75,7 @@ def _tiny(cache: CacheConfig, max_num_seqs: int = 8) -> EngineConfig:
 
 def test_an_engine_logs_its_cache_in_gb_and_tokens(monkeypatch, caplog):
     _free(monkeypatch, 200 * GiB)
-    with caplog.at_level(logging.INFO, logger="switchyard.core.engine"):
+    with caplog.at_level(logging.INFO, logger="switchyard.core.engine.core"):
         engine = EngineCore(_tiny(CacheConfig(block_size=16), max_num_seqs=4), backend=CpuBackend())
     try:
         assert engine.info.max_batch_total_tokens == 4 * 512  # 4 requests of the whole context
@@ -130,7 +130,7 @@ def test_a_bfloat16_model_has_a_bfloat16_cache(monkeypatch, caplog):
     config = _tiny(CacheConfig(block_size=16), max_num_seqs=4)
     config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy", max_model_len=512,
                                             dtype="bfloat16"), cache=config.cache, scheduler=config.scheduler)
-    with caplog.at_level(logging.INFO, logger="switchyard.core.engine"):
+    with caplog.at_level(logging.INFO, logger="switchyard.core.engine.core"):
         engine = EngineCore(config, backend=CpuBackend())
     try:
         assert {c.dtype for c in engine.runner.kv_caches} == {torch.bfloat16}
@@ -141,15 +141,15 @@ def test_a_bfloat16_model_has_a_bfloat16_cache(monkeypatch, caplog):
 
 def test_an_engine_process_refuses_in_one_line_without_a_traceback(caplog):
     """What `switchyard serve` logs from its engine process for a cache that does not fit."""
-    from switchyard.core.engine_channel import queue_pair
-    from switchyard.core.engine_loop import serve_engine
-    from switchyard.core.engine_messages import StartupFailed
+    from switchyard.core.engine.channel import queue_pair
+    from switchyard.core.engine.loop import serve_engine
+    from switchyard.core.engine.messages import StartupFailed
 
     def refused():
         raise KVCacheTooLarge("the KV cache of 16,384 tokens needs 0.75 GB, more than the 0.10 GB available")
 
     owner, engine_end = queue_pair()
-    with caplog.at_level(logging.INFO, logger="switchyard.core.engine_loop"):
+    with caplog.at_level(logging.INFO, logger="switchyard.core.engine.loop"):
         serve_engine(engine_end, refused)
     [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert record.getMessage() == ("engine start-up refused: the KV cache of 16,384 tokens needs 0.75 GB, "
@@ -160,7 +160,7 @@ def test_an_engine_process_refuses_in_one_line_without_a_traceback(caplog):
 
 def test_a_cache_smaller_than_the_context_is_said(monkeypatch, caplog):
     _free(monkeypatch, 200 * GiB)
-    with caplog.at_level(logging.WARNING, logger="switchyard.core.engine"):
+    with caplog.at_level(logging.WARNING, logger="switchyard.core.engine.core"):
         engine = EngineCore(_tiny(CacheConfig(block_size=16, num_blocks=9)), backend=CpuBackend())
     engine.shutdown()
     assert "the KV cache holds 128 tokens, fewer than the context of 512: a longer request is refused" \

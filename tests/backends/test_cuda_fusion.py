@@ -13,8 +13,8 @@ from switchyard.backends.cuda.fusion import fuse_layers
 from switchyard.core.config import ModelConfig
 from switchyard.core.layers import apply_rotary
 from switchyard.core.loader import load_model
-from switchyard.core.runner import build_step_input
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from switchyard.core.execution.runner import build_step_input
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
 
 def counting_kernels(calls: Counter):

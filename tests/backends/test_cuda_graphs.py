@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from cuda_fakes import CpuCudaBackend, FakeDevice, generate, make_engine
-from switchyard.core.decode_batch import bucket_for, capture_sizes
+from switchyard.core.execution.decode_batch import bucket_for, capture_sizes
 from switchyard.core.ops import ReferenceAttentionKernel
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
 
 def test_capture_sizes_are_powers_of_two_then_multiples_of_eight_up_to_max_num_seqs():

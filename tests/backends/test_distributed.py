@@ -1,4 +1,4 @@
-"""core/distributed.py and core/shard_group.py: collectives over gloo between spawned shard
+"""core/shards/distributed.py and core/shards/group.py: collectives over gloo between spawned shard
 processes, rendezvous, how a shard's end is reported, stop, and shards outliving no parent."""
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.backend import shard_cores
 from switchyard.core.backend import ShardInfo
 from switchyard.core.config import ParallelConfig
-from switchyard.core.distributed import OBJECT_BUFFER_BYTES, broadcast_object, init_process_group, plan_node
-from switchyard.core.shard_group import ProcessShardLauncher
-from switchyard.core.shard_worker import free_port
+from switchyard.core.shards.distributed import OBJECT_BUFFER_BYTES, broadcast_object, init_process_group, plan_node
+from switchyard.core.shards.group import ProcessShardLauncher
+from switchyard.core.engine.shard_worker import free_port
 
 
 def _shards(world: int) -> list[ShardInfo]:
@@ -122,7 +122,7 @@ _ORPHANING_PARENT = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {tests!r})
     from test_distributed import _shards, _sleep
-    from switchyard.core.shard_group import ProcessShardLauncher
+    from switchyard.core.shards.group import ProcessShardLauncher
     if __name__ == "__main__":
         group = ProcessShardLauncher().start(_shards(3)[1:], _sleep)
         print(*group.pids, flush=True)

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from switchyard.backends.cpu import extension
-from switchyard.core import heartbeat
-from switchyard.core.heartbeat import Heartbeat
+from switchyard.core.engine.core import heartbeat
+from switchyard.core.engine.heartbeat import Heartbeat
 
 TINY = textwrap.dedent("""
     // one op, registered under the build's name (csrc/extension_library.h's expanding macro)

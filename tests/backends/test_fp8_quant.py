@@ -36,8 +36,9 @@ from switchyard.core.config import EngineConfig, ModelConfig
 from switchyard.core.loader.gguf_cache import default_cache_root
 from switchyard.core.quant.hub import weights_reader
 from switchyard.core.quant.hub.fp8 import fp8_weight
-from switchyard.core.quant.methods import QuantizeError, detect, served_by, served_method
-from switchyard.core.quant.scaled import quantize_fp8
+from switchyard.core.quant.choice import served_method
+from switchyard.core.quant.methods import QuantizeError, detect, served_by
+from switchyard.core.quant.weight import quantize_fp8
 from switchyard.core.quant.weight import QuantizedWeight
 
 PRESETS = ("FP8_DYNAMIC", "FP8_BLOCK", "FP8")

@@ -155,9 +155,9 @@ def test_an_out_of_tree_backend_runs_the_engine_and_agrees_with_cpu(toy_site, tm
     LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
     result = run_python(f"""
         from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
-        from switchyard.core.engine import EngineCore
+        from switchyard.core.engine.core import EngineCore
         from switchyard.core.params import SamplingParams
-        from switchyard.core.request import Request
+        from switchyard.core.scheduling.request import Request
         outputs = []
         for backend in ("toy", "cpu"):
             engine = EngineCore(EngineConfig(model=ModelConfig(model={str(tmp_path)!r}),

@@ -13,7 +13,7 @@ from cuda_fakes import CpuCudaBackend, make_engine
 from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.linear import PackedLinear, packing_supported
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.layers import Linear, RMSNorm
 from switchyard.core.loader import load_model
 

@@ -38,7 +38,7 @@ def test_on_tpu_chips_shards_pass_validation(monkeypatch):
 
 def test_the_tpu_backend_uses_cores_shard_group_and_communicator():
     """No backend-specific collectives: the default communicator over the group it joined."""
-    from switchyard.core.backend import Backend
+    from switchyard.core.shards.process_group import ProcessGroupShards
 
-    assert TpuBackend.communicator is Backend.communicator
+    assert TpuBackend.communicator is ProcessGroupShards.communicator
     assert TpuBackend().communicator() is None  # not sharded in this process

@@ -249,7 +249,7 @@ def test_what_marlin_refuses_goes_to_triton_with_the_reason(change, why):
 
 def test_fp8_weights_take_the_fp8_module():
     from switchyard.backends.cuda.fp8_linear import CudaFp8Linear
-    from switchyard.core.quant.scaled import quantize_fp8
+    from switchyard.core.quant.weight import quantize_fp8
 
     weight = quantize_fp8(torch.randn(48, 64))
     module, choice = module_for(weight, bias=torch.randn(48))
@@ -264,7 +264,7 @@ def test_fp8_weights_take_the_fp8_module():
 @pytest.mark.parametrize("fmt", ["bnb_nf4", "bnb_fp4", "bnb_int8"])
 def test_bitsandbytes_weights_take_bitsandbytes_ops(fmt):
     pytest.importorskip("bitsandbytes")
-    from switchyard.core.quant.scaled import quantize_bnb
+    from switchyard.core.quant.weight import quantize_bnb
 
     weight = quantize_bnb(torch.randn(48, 128), fmt)
     module, choice = module_for(weight)
@@ -282,7 +282,7 @@ def test_capabilities_declare_what_each_gpu_backend_runs():
     from switchyard.core.capabilities import check_capabilities
     from switchyard.core.config import EngineConfig, ModelConfig
     from switchyard.core.errors import BackendCapabilityError
-    from switchyard.core.quant.methods import served_method
+    from switchyard.core.quant.choice import served_method
 
     cuda, rocm = CudaBackend().capabilities().quantizations, RocmBackend().capabilities().quantizations
     assert set(cuda) == {"gguf", "int8", "int4", "gptq", "awq", "marlin", "compressed-tensors", "eetq",
@@ -304,7 +304,7 @@ def _engines():
     from cuda_fakes import CpuCudaBackend, FakeDevice
 
     from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.quant.methods import served_by
 
     class Packing(CpuCudaBackend):

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from switchyard.core.kv import RESERVED_BLOCK_ID, BlockPool, KVCacheManager, cdiv
 from switchyard.core.config import SchedulerConfig
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import FinishReason, Request
-from switchyard.core.scheduler import Scheduler
-from switchyard.core.scheduler_output import SchedulerOutput
+from switchyard.core.scheduling.request import FinishReason, Request
+from switchyard.core.scheduling.scheduler import Scheduler
+from switchyard.core.scheduling.output import SchedulerOutput
 
 # (request_id, context read from the KV cache) -> next token id
 Sampler = Callable[[str, tuple[int, ...]], int]

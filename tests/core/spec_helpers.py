@@ -6,8 +6,8 @@ import torch
 
 from switchyard.core.config import (CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig,
                                     SpeculativeConfig)
-from switchyard.core.engine import EngineCore
-from switchyard.core.request import FinishReason, Request
+from switchyard.core.engine.core import EngineCore
+from switchyard.core.scheduling.request import FinishReason, Request
 
 
 def save_tiny_llama(path, tokenizer, vocab_size=96, seed=0, num_layers=2, eos_token_id=95, perturb=None) -> str:

@@ -3,7 +3,7 @@ import pytest
 
 from switchyard.core.kv import RESERVED_BLOCK_ID, BlockPool, KVCacheManager, NoFreeBlocksError
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 
 def test_block_zero_is_never_handed_out():

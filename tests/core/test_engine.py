@@ -6,11 +6,11 @@ import torch
 
 from switchyard.core.backend import DEFAULT_MEMORY_FRACTION, Backend
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore, num_kv_blocks_for
+from switchyard.core.engine.core import EngineCore, num_kv_blocks_for
 from switchyard.core.params import SamplingParams, ValidationError
-from switchyard.core.request import FinishReason, Request
-from switchyard.core.runner import build_step_input
-from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from switchyard.core.scheduling.request import FinishReason, Request
+from switchyard.core.execution.runner import build_step_input
+from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The engine out of process (core/engine_process.py) and the one step loop both clients
-share (core/engine_loop.py): errors cross as their own types, a dead engine fails its
+"""The engine out of process (core/engine/process.py) and the one step loop both clients
+share (core/engine/loop.py): errors cross as their own types, a dead engine fails its
 streams at once and turns /health to 503, a terminated shard is fatal, no process is left."""
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
-from switchyard.core.engine_process import ProcessEngineClient
+from switchyard.core.engine.process import ProcessEngineClient
 from switchyard.core.errors import EngineDeadError, ShardTerminated
 from switchyard.core.grammar import GrammarError, GrammarSpec
 from switchyard.core.params import SamplingParams, ValidationError
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 from switchyard.gateway.app import health_response
 
 TINY = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy"), cache=CacheConfig(num_blocks=64))
@@ -34,7 +34,7 @@ async def _collect(stream) -> list:
 
 
 def _tiny_factory():
-    from switchyard.core.engine_process import build_engine
+    from switchyard.core.engine.process import build_engine
 
     return build_engine(TINY)
 
@@ -131,7 +131,7 @@ def test_a_failed_step_fails_the_batch_and_keeps_serving():
 @pytest.mark.slow
 def test_the_engine_process_stops_when_its_gateway_dies():
     """A gateway killed outright leaves no engine behind: the pipe's end-of-file stops it."""
-    script = ("import asyncio, sys; from switchyard.core.engine_process import ProcessEngineClient;"
+    script = ("import asyncio, sys; from switchyard.core.engine.process import ProcessEngineClient;"
               "from tests.core.test_engine_process import TINY; c = ProcessEngineClient(TINY); c.start();"
               "asyncio.run(c.wait_ready(600)); print(c.process.pid, flush=True); import time; time.sleep(600)")
     gateway = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -191,7 +191,7 @@ def _policies(pid: int) -> set[int]:
 @pytest.mark.parametrize("serve_in_background", [False, True])
 def test_an_engine_loaded_in_the_background_serves_at_the_priority_it_is_given(serve_in_background):
     """Loaded on demand: at SCHED_IDLE while loading, then every thread back to normal, or (a
-    models file's `priority: background`) every thread left at SCHED_IDLE (core/engine_priority.py)."""
+    models file's `priority: background`) every thread left at SCHED_IDLE (core/engine/priority.py)."""
     from dataclasses import replace
 
     config = replace(TINY, start_in_background=True, serve_in_background=serve_in_background)

@@ -11,9 +11,9 @@ from multiprocessing import Pipe
 
 import pytest
 
-from switchyard.core import engine_process
+from switchyard.core.engine.core import process as engine_process
 from switchyard.core.config import EngineConfig
-from switchyard.core.engine_channel import PipeChannel
+from switchyard.core.engine.channel import PipeChannel
 
 
 class _AsksFor:
@@ -98,7 +98,7 @@ def test_the_engine_process_re_executes_itself_with_the_environment_and_its_star
     with pytest.raises(_Execed):
         engine_process.main(["engine_process", str(pipe_fd)])
     (argv, env, pipe_inherited, args_inherited, start_args), = asked
-    assert argv[1:5] == ["-m", "switchyard.core.engine_process", str(pipe_fd), engine_process.RESTARTED_FLAG]
+    assert argv[1:5] == ["-m", "switchyard.core.engine.process", str(pipe_fd), engine_process.RESTARTED_FLAG]
     assert env["SWITCHYARD_TEST_ASKED"] == "1" and env["PATH"] == os.environ["PATH"]
     assert pipe_inherited and args_inherited
     assert start_args.config == config
@@ -126,7 +126,7 @@ def _re_executed(config: EngineConfig, tmp_path, stage: str) -> list[str]:
     import pickle
 
     from switchyard.core.config import default_cache_root
-    from switchyard.core.engine_environment import EnvironmentPrediction
+    from switchyard.core.engine.environment import EnvironmentPrediction
 
     args_file = tmp_path / f"args-{stage}"
     args_file.write_bytes(pickle.dumps(engine_process._StartArgs(config, False, None)))
@@ -138,7 +138,7 @@ def _re_executed(config: EngineConfig, tmp_path, stage: str) -> list[str]:
 
 def test_a_first_start_asks_the_backend_and_keeps_its_answer_as_the_next_prediction(asked):
     from switchyard.core.config import default_cache_root
-    from switchyard.core.engine_environment import EnvironmentPrediction
+    from switchyard.core.engine.environment import EnvironmentPrediction
 
     config = EngineConfig(backend="asks")
     channel, theirs = _start_args_sent(config)
@@ -153,7 +153,7 @@ def test_a_first_start_asks_the_backend_and_keeps_its_answer_as_the_next_predict
 def test_a_cached_start_re_executes_on_the_prediction_before_asking_the_backend(asked):
     """The point of the prediction: the first stage imports no backend (so not torch)."""
     from switchyard.core.config import default_cache_root
-    from switchyard.core.engine_environment import EnvironmentPrediction
+    from switchyard.core.engine.environment import EnvironmentPrediction
 
     config = EngineConfig(backend="asks")
     EnvironmentPrediction(config, default_cache_root()).store({"SWITCHYARD_TEST_ASKED": "1"})
@@ -175,7 +175,7 @@ def test_a_correct_prediction_is_verified_with_no_second_re_exec(asked, monkeypa
 
 def test_a_stale_prediction_is_corrected_by_one_more_re_exec_and_replaced(asked, monkeypatch, tmp_path):
     from switchyard.core.config import default_cache_root
-    from switchyard.core.engine_environment import EnvironmentPrediction
+    from switchyard.core.engine.environment import EnvironmentPrediction
 
     config = EngineConfig(backend="asks")
     prediction = EnvironmentPrediction(config, default_cache_root())
@@ -190,7 +190,7 @@ def test_a_stale_prediction_is_corrected_by_one_more_re_exec_and_replaced(asked,
 
 
 def test_an_unreadable_prediction_is_no_prediction(tmp_path):
-    from switchyard.core.engine_environment import EnvironmentPrediction
+    from switchyard.core.engine.environment import EnvironmentPrediction
 
     prediction = EnvironmentPrediction(EngineConfig(), str(tmp_path))
     assert prediction.load() is None

@@ -11,11 +11,11 @@ from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, GPT2
 
 from switchyard.backends.cpu.linear import PackedLinear, packing_supported
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.layers import Linear
 from switchyard.core.loader import UnsupportedModelError, load_model
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 BLOCK_SIZE = 4
 VOCAB = 128

@@ -1,12 +1,12 @@
-"""The finish-reason rule (core/request.py decide_finish), and that each place that finds a
+"""The finish-reason rule (core/scheduling/request.py decide_finish), and that each place that finds a
 reason goes through it: the scheduler's token checks, the grammar, the stop strings."""
 import itertools
 
 import pytest
 
-from switchyard.core.output_processor import OutputProcessor
+from switchyard.core.engine.output_processor import OutputProcessor
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import EngineCoreOutput, FinishReason, Request, decide_finish
+from switchyard.core.scheduling.request import EngineCoreOutput, FinishReason, Request, decide_finish
 
 R = FinishReason
 ORDER = [R.EOS, R.STOP_TOKEN, R.GRAMMAR, R.STOP_STRING, R.LENGTH]

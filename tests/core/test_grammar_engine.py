@@ -7,10 +7,10 @@ import time
 import pytest
 
 from switchyard.core import LLM, SamplingParams
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import GrammarConfig
 from switchyard.core.grammar import GrammarCompileService, GrammarCompiler, GrammarError, GrammarSpec, make_compiler
-from switchyard.core.request import FinishReason, Request
+from switchyard.core.scheduling.request import FinishReason, Request
 
 pytestmark = pytest.mark.slow
 

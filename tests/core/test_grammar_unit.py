@@ -12,7 +12,7 @@ from switchyard.core.grammar.base import CompiledGrammar, GrammarCompiler, alloc
 from switchyard.core.grammar.constrained import ConstrainedRequests, GrammarMask, apply_grammar_mask
 from switchyard.core.grammar.vocabulary import token_byte_map, token_bytes
 from switchyard.core.params import SamplingParams
-from switchyard.core.sampling import Sampler, SampleRow, make_generator
+from switchyard.core.execution.sampling import Sampler, SampleRow, make_generator
 
 EOS = 2
 VOCAB = 49152 + 64  # a logits width past the tokenizer's length: the extra ids are never allowed

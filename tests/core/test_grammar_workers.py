@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from grammar_fakes import EchoCompiler
 
-from switchyard.core.client import ChannelEngineClient
+from switchyard.core.engine.client import ChannelEngineClient
 from switchyard.core.config import GrammarConfig, default_compile_workers
-from switchyard.core.engine_messages import CompileGrammar, Settled
+from switchyard.core.engine.messages import CompileGrammar, Settled
 from switchyard.core.grammar import GrammarCompileService, GrammarError, GrammarSpec, GrammarUnavailable
 from switchyard.core.grammar import executors
 

@@ -24,7 +24,7 @@ from switchyard.core.layers import Linear, MergedLinear
 from switchyard.core.loader import load_model
 from switchyard.core.quant import QuantizedWeight, quantize_int4
 from switchyard.core.quant.apply import QuantizeError
-from switchyard.core.quant.methods import served_method
+from switchyard.core.quant.choice import served_method
 
 # Of the largest logit of a request. The conversion itself (the core path: Linear's forward,
 # dequantize + F.linear) is exact for symmetric formats (float32 summation order only), and
@@ -370,9 +370,9 @@ def test_act_order_checkpoint_takes_the_fused_decode_path(tmp_path):
     """An act-order GPTQ checkpoint's decode steps run every layer in C++ (each linear gathers its
     input columns in its weight's order first), with the logits of the eager layers."""
     from switchyard.backends.cpu.fused_decode import FusedDecodeRunner
-    from switchyard.core.engine import EngineCore
-    from switchyard.core.runner import ModelRunner
-    from switchyard.core.scheduler_output import ScheduledRequest, SchedulerOutput
+    from switchyard.core.engine.core import EngineCore
+    from switchyard.core.execution.runner import ModelRunner
+    from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput
 
     build_packed(tmp_path, "gptq", bits=4, group=32, act_order=True, sym=True, v1=True)
 

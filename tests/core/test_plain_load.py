@@ -20,7 +20,7 @@ from switchyard.core.loader.gguf_processors import (IDENTITY, LLAMA, NORM_OFFSET
                                                     processor_kind)
 from switchyard.core.models.plain_config import PlainConfig, read_plain_config, transformers_config, \
     write_plain_config
-from switchyard.core.serving_tokenizer import ServingTokenizer
+from switchyard.core.text.serving_tokenizer import ServingTokenizer
 
 
 def test_processor_kinds_follow_transformers_table():
@@ -89,9 +89,9 @@ def test_a_cached_start_of_the_default_model_imports_no_transformers():
     script = textwrap.dedent("""
         import sys
         from switchyard.core.config import CacheConfig, EngineConfig
-        from switchyard.core.engine_process import build_engine
+        from switchyard.core.engine.process import build_engine
         from switchyard.core.params import SamplingParams
-        from switchyard.core.request import Request
+        from switchyard.core.scheduling.request import Request
         engine, tokenizer = build_engine(EngineConfig(cache=CacheConfig(num_blocks=64)))
         engine.add_request(Request("a", tokenizer.encode("Hello"), SamplingParams(max_tokens=4, temperature=0)))
         ids = []

@@ -182,7 +182,7 @@ def test_the_engine_scheduler_follows_the_narrowed_configuration(mixes, caches):
     from switchyard.core.backend import Capabilities
     from switchyard.core.capabilities import check_capabilities
     from switchyard.core.config import CacheConfig, EngineConfig
-    from switchyard.core.scheduler import Scheduler
+    from switchyard.core.scheduling.scheduler import Scheduler
 
     capabilities = Capabilities(dtypes=("float32",), block_sizes=(8, 16), mixed_prefill_decode=mixes,
                                 prefix_caching=caches)

@@ -32,8 +32,8 @@ import json, logging, sys
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stdout)
 import ray
 from switchyard.core.config import ParallelConfig
-from switchyard.core.distributed import plan_node
-from switchyard.core.ray_launcher import ray_shard_launcher
+from switchyard.core.shards.distributed import plan_node
+from switchyard.core.shards.ray_launcher import ray_shard_launcher
 
 
 def idle(shard):
@@ -79,7 +79,7 @@ def test_no_cluster_and_the_default_address_start_a_local_instance_on_loopback()
         lines = done.stdout.splitlines()
         started = [line for line in lines if "started a local Ray instance" in line]
         assert len(started) == 1 and started[0].startswith(
-            "switchyard.core.ray_launcher: no Ray cluster is running on this machine (--ray-address auto): "
+            "switchyard.core.shards.ray_launcher: no Ray cluster is running on this machine (--ray-address auto): "
             "started a local Ray instance on 127.0.0.1 with "), done.stdout
         seen = json.loads(next(line for line in lines if line.startswith("SEEN "))[5:])
         assert seen["gcs"].startswith("127.0.0.1:") and set(seen["nodes"]) == {"127.0.0.1"}, seen
@@ -101,7 +101,7 @@ def _closed_port() -> int:
 def test_an_explicit_address_that_does_not_answer_is_one_line_at_once():
     import ray
 
-    from switchyard.core.ray_launcher import RayClusterUnreachable, ray_shard_launcher
+    from switchyard.core.shards.ray_launcher import RayClusterUnreachable, ray_shard_launcher
 
     assert not ray.is_initialized()
     address = f"127.0.0.1:{_closed_port()}"

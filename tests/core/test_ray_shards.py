@@ -1,4 +1,4 @@
-"""Shards as Ray actors (core/ray_launcher.py, --distributed-executor-backend ray) on a
+"""Shards as Ray actors (core/shards/ray_launcher.py, --distributed-executor-backend ray) on a
 simulated two-node Ray cluster on loopback (ray.cluster_utils.Cluster: a head and one more
 node): three shards spread over both nodes give one shard's greedy tokens, and a served
 model's shard actor killed with ray.kill ends the server non-zero, as SIGTERM ends it cleanly,
@@ -78,7 +78,7 @@ def test_the_flags_reach_the_parallel_config_and_nnodes_is_refused_with_ray():
 
 
 def test_a_backend_without_declared_ray_resources_is_refused_in_one_line():
-    from switchyard.core.ray_launcher import resources_for
+    from switchyard.core.shards.ray_launcher import resources_for
 
     assert resources_for("cuda").num_gpus == 1 and resources_for("cpu").num_gpus == 0
     with pytest.raises(ValueError, match="^backend 'tpu' cannot run its shards on Ray"):
@@ -86,8 +86,8 @@ def test_a_backend_without_declared_ray_resources_is_refused_in_one_line():
 
 
 def test_placed_shards_count_local_ranks_per_node_with_the_engine_first_on_its_own():
-    from switchyard.core.distributed import plan_node
-    from switchyard.core.ray_launcher import _placed_shards
+    from switchyard.core.shards.distributed import plan_node
+    from switchyard.core.shards.ray_launcher import _placed_shards
 
     workers = plan_node(ParallelConfig(tensor_parallel_size=4), 29500).workers  # ranks 1, 2, 3
     placed = _placed_shards(workers, ["head", "other", "head"], "head", {"head": "10.0.0.1", "other": "10.0.0.2"}.get)
@@ -144,7 +144,7 @@ def test_three_shards_spread_over_two_nodes_give_one_shards_greedy_tokens(cluste
 @pytest.mark.slow
 def test_shards_the_cluster_cannot_place_fail_the_start_and_leave_no_placement_group(cluster, tiny_llama3,
                                                                                      monkeypatch):
-    from switchyard.core import ray_launcher
+    from switchyard.core.shards import ray_launcher
 
     monkeypatch.setattr(ray_launcher, "PLACEMENT_TIMEOUT_S", 3.0)
     parallel = ParallelConfig(tensor_parallel_size=6, executor_backend="ray")  # 5 bundles of 1 CPU; 3 CPUs
@@ -158,7 +158,7 @@ def _serve(model: str, address: str) -> tuple[subprocess.Popen, str]:
     """`switchyard serve` of model's 3 shards on the cluster at address, on loopback."""
     import sys
 
-    from switchyard.core.shard_worker import free_port
+    from switchyard.core.engine.shard_worker import free_port
 
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1",

@@ -1,7 +1,7 @@
 import torch
 
 from switchyard.core.params import SamplingParams
-from switchyard.core.sampling import Sampler, SampleRow, _filtered_probs, make_generator
+from switchyard.core.execution.sampling import Sampler, SampleRow, _filtered_probs, make_generator
 
 VOCAB = 50
 
@@ -18,7 +18,7 @@ def test_greedy_is_argmax():
 
 
 def test_argmax_matches_torch_argmax_on_ties_infinities_and_nan():
-    from switchyard.core.sampling import argmax
+    from switchyard.core.execution.sampling import argmax
 
     inf, nan = float("inf"), float("nan")
     rows = torch.tensor([[1.0, 3.0, 3.0, 0.0], [-inf] * 4, [0.0, inf, inf, 1.0], [nan, 1.0, nan, 2.0]])
@@ -70,7 +70,7 @@ def test_repetition_presence_frequency_penalties():
     logits[0, 5] = 2.0
     logits[0, 6] = -2.0
     params = SamplingParams(temperature=0.0, repetition_penalty=2.0)
-    from switchyard.core.sampling import apply_penalties
+    from switchyard.core.execution.sampling import apply_penalties
 
     out = apply_penalties(logits, [_row(params, prompt=(5, 6))])
     assert out[0, 5] == 1.0 and out[0, 6] == -4.0
@@ -117,7 +117,7 @@ def test_typical_p_keeps_the_tokens_nearest_the_entropy():
 
 
 def test_watermark_biases_towards_the_green_list_and_is_detectable():
-    from switchyard.core.watermark import detect
+    from switchyard.core.execution.watermark import detect
 
     vocab = 1000
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from fake_runner import (FakeRunner, assert_matches_reference, check_invariants, context_sampler, make_request,
                          make_scheduler, scripted_sampler)
 from switchyard.core.params import ValidationError
-from switchyard.core.request import FinishReason, RequestStatus
+from switchyard.core.scheduling.request import FinishReason, RequestStatus
 
 
 def _steps(output):

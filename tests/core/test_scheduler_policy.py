@@ -3,7 +3,7 @@ prefill/decode policy for backends that cannot mix them (mixed_prefill_decode=Fa
 import pytest
 
 from fake_runner import FakeRunner, make_request, make_scheduler, reference_generate
-from switchyard.core.prefill_policy import PrefillPolicy
+from switchyard.core.scheduling.prefill_policy import PrefillPolicy
 
 
 def _ids(output):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from fake_runner import FakeRunner, check_invariants, context_sampler, make_request, make_scheduler, \
     reference_generate
 from switchyard.core.params import ValidationError
-from switchyard.core.request import FinishReason
+from switchyard.core.scheduling.request import FinishReason
 
 PREFIXES = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5]]
 

@@ -1,4 +1,4 @@
-"""core/serving_tokenizer.py and core/chat_template.py against transformers: the gateway's
+"""core/text/serving_tokenizer.py and core/text/chat_template.py against transformers: the gateway's
 tokenizer (no transformers) encodes, decodes and renders chat templates exactly as the
 transformers tokenizer it was made from, on the default model's tokenizer, Gemma 3's (the GGUF
 package) and the byte-level test tokenizer."""
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from switchyard.core.chat_template import ChatTemplateError, render_chat
+from switchyard.core.text.chat_template import ChatTemplateError, render_chat
 from switchyard.core.config import ModelConfig
 from switchyard.core.loader import load_hf_tokenizer, load_tokenizer
-from switchyard.core.serving_tokenizer import ServingTokenizer, gateway_tokenizer
+from switchyard.core.text.serving_tokenizer import ServingTokenizer, gateway_tokenizer
 
 TEXTS = ["Hello world", "  leading and trailing spaces  ", "naïve café — 東京 🚀 emoji",
          "line\nbreaks\n\n\ttabs",
@@ -137,10 +137,10 @@ def test_named_templates_pick_tool_use_with_tools():
 
 def test_the_gateway_holds_its_tokenizer_without_importing_transformers():
     """Unpickling the engine's tokenizer and rendering a chat imports neither transformers nor
-    torch (the gateway's memory; core/serving_tokenizer.py)."""
+    torch (the gateway's memory; core/text/serving_tokenizer.py)."""
     lean = gateway_tokenizer(load_tokenizer(ModelConfig(model=None)))
     script = ("import pickle, sys\n"
-              "from switchyard.core.chat_template import render_chat\n"
+              "from switchyard.core.text.chat_template import render_chat\n"
               "tok = pickle.loads(sys.stdin.buffer.read())\n"
               "text = render_chat(tok, [{'role': 'user', 'content': 'hi'}])\n"
               "assert tok.encode(text, add_special_tokens=False)\n"
@@ -150,9 +150,9 @@ def test_the_gateway_holds_its_tokenizer_without_importing_transformers():
 
 
 def test_build_makes_the_rust_tokenizer_now_and_hands_the_parse_heap_back(monkeypatch):
-    """The gateway builds its tokenizer when the engine is ready (core/client.py), not on the
+    """The gateway builds its tokenizer when the engine is ready (core/engine/client.py), not on the
     first request, and trims the heap the JSON parse freed (~25 of ~40 MB for the default's)."""
-    from switchyard.core import serving_tokenizer
+    from switchyard.core.text import serving_tokenizer
 
     trims = []
     monkeypatch.setattr(serving_tokenizer, "trim_heap", lambda: trims.append(1) or True)

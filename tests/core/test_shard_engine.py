@@ -1,4 +1,4 @@
-"""The engine sharded over processes (core/shard_worker.py): the same greedy tokens as one
+"""The engine sharded over processes (core/engine/shard_worker.py): the same greedy tokens as one
 shard, with prefix caching, preemption, abort, a grammar and n > 1 (failures, the default
 model and two nodes: test_shard_runtime.py)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from switchyard.core import LLM, SamplingParams
 from switchyard.core.grammar import GrammarSpec
-from switchyard.core.request import FinishReason, Request
+from switchyard.core.scheduling.request import FinishReason, Request
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""core/shard_group.py gives each shard process its environment at its start (issue 38): the
+"""core/shards/group.py gives each shard process its environment at its start (issue 38): the
 backend's variables for that shard and the rendezvous variables reach the child, and the
 parent's os.environ is never written, during the spawn or after, so no other thread of the
 engine sees them. The shards' target is this module's, which imports nothing heavy."""
@@ -10,7 +10,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from switchyard.core.backend_contract import ShardInfo
-from switchyard.core.shard_group import ProcessShardLauncher
+from switchyard.core.shards.group import ProcessShardLauncher
 
 SEEN = ("SWITCHYARD_TEST_SHARD_VAR", "SWITCHYARD_TEST_INHERITED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
 

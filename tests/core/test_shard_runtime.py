@@ -14,10 +14,10 @@ import pytest
 from model_helpers import ReferenceBackend
 from switchyard.core import LLM
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.errors import ShardTerminated
-from switchyard.core.request import Request
-from switchyard.core.shard_worker import free_port
+from switchyard.core.scheduling.request import Request
+from switchyard.core.engine.shard_worker import free_port
 from test_shard_engine import GREEDY, PROMPTS, TINY, _restore_pinning, tiny_llama  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 chi2 = pytest.importorskip("scipy.stats").chi2
 

@@ -1,7 +1,7 @@
 """The n-gram proposer, the acceptance rule and the KV manager's speculative slots."""
 from switchyard.core.kv import BlockPool, KVCacheManager
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 from switchyard.core.spec import NgramProposer, num_accepted
 
 

@@ -1,4 +1,4 @@
-from switchyard.core.tokenizer import IncrementalDetokenizer
+from switchyard.core.text.tokenizer import IncrementalDetokenizer
 
 
 def _stream(tokenizer, ids, **kwargs):

@@ -1,6 +1,6 @@
 """Runs a function in N processes joined by a torch.distributed gloo group on loopback,
 each with a minimal Communicator, for the tensor-parallel model tests. (The engine's own
-communicator and launcher live in core/distributed.py; these tests need only the model.)"""
+communicator and launcher live in core/shards/distributed.py; these tests need only the model.)"""
 from __future__ import annotations
 
 import os

@@ -9,10 +9,10 @@ import pytest
 
 from switchyard.backends.cpu.extension import isa_levels
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.loader import load_tokenizer
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 pytestmark = pytest.mark.slow
 

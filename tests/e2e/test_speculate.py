@@ -55,7 +55,7 @@ def engines():
 
 def _run(llm, params):
     """Token ids and top log-probabilities of each prompt, all in one batch, through the engine."""
-    from switchyard.core.request import Request
+    from switchyard.core.scheduling.request import Request
 
     for i, messages in enumerate(PROMPTS):
         text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -78,7 +78,7 @@ def test_greedy_tokens_are_those_without_speculation(engines):
         expected, tops, plain_steps = _run(plain, params)
     got, got_tops, spec_steps = _run(spec, params)
     # exactly, log-probabilities to the bit: a verify's rows are computed as plain decode rows
-    # (core/runner.py decodes_by_row), and the CPU kernels give a decode row the same bits
+    # (core/execution/runner.py decodes_by_row), and the CPU kernels give a decode row the same bits
     # whatever rows share its step
     assert got == expected
     assert got_tops == tops

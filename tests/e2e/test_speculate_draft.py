@@ -45,7 +45,7 @@ def engines():
 
 def _run(llm, params):
     """Token ids and top log-probabilities of each prompt, all in one batch, through the engine."""
-    from switchyard.core.request import Request
+    from switchyard.core.scheduling.request import Request
 
     params = params if isinstance(params, list) else [params] * len(PROMPTS)
     for i, (messages, p) in enumerate(zip(PROMPTS, params)):

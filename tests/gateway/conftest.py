@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from served_engine import MODEL_NAME, default_engine_config, start_engine, stop_engine
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
 

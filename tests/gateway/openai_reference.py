@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 from switchyard.gateway.openai.common import openai_finish_reason
 
 MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"

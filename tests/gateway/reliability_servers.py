@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from switchyard.gateway.app import create_app
 from switchyard.gateway.serve import DrainingServer
@@ -57,7 +57,7 @@ class TinyServer:
 
 
 def tiny_engine(grammar: GrammarConfig = GrammarConfig()):
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.loader import load_tokenizer
 
     config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 
 MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -21,7 +21,7 @@ def default_engine_config(isa: str = "auto", max_num_batched_tokens: int = 1024)
 
 def start_engine(config: EngineConfig) -> InProcessEngineClient:
     """An in-process engine of `config`, started and ready (call `stop_engine` after)."""
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.loader import load_tokenizer
 
     def factory():

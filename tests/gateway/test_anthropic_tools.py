@@ -155,7 +155,7 @@ def _sse(events: list[str]) -> list[dict]:
 ])
 def test_an_auto_answer_streams_as_a_tool_use_block_once_it_is_read_as_a_call(pieces, blocks):
     """`auto` holds an answer that may be a call until it ends (the small model here writes none)."""
-    from switchyard.core.request import FinishReason, RequestOutput
+    from switchyard.core.scheduling.request import FinishReason, RequestOutput
     from switchyard.gateway.anthropic.output import MessageFrame
     from switchyard.gateway.anthropic.stream import MessageEvents
     from switchyard.gateway.openai.schemas import ChatCompletionRequest

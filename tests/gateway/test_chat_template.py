@@ -10,8 +10,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from switchyard.core.chat_template import ChatTemplateError, read_chat_template
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.text.chat_template import ChatTemplateError, read_chat_template
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.llm import LLM
 from switchyard.core.params import SamplingParams
@@ -31,7 +31,7 @@ def _tiny(chat_template: str | None = None) -> ModelConfig:
 
 def _app(model: ModelConfig) -> TestClient:
     def factory():
-        from switchyard.core.engine import EngineCore
+        from switchyard.core.engine.core import EngineCore
         from switchyard.core.loader import load_tokenizer
 
         config = EngineConfig(model=model, cache=CacheConfig(num_blocks=64),

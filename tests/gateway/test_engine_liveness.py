@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig
-from switchyard.core.engine_process import ProcessEngineClient
+from switchyard.core.engine.process import ProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
 

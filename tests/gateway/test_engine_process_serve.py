@@ -46,7 +46,7 @@ def _loads_torch(pid: int) -> bool:
 
 def _engine_pid(server_pid: int) -> int:
     engines = [pid for pid in _children(server_pid) if _loads_torch(pid)
-               and "switchyard.core.engine_process" in open(f"/proc/{pid}/cmdline").read()]
+               and "switchyard.core.engine.process" in open(f"/proc/{pid}/cmdline").read()]
     assert len(engines) == 1, engines
     return engines[0]
 
@@ -71,7 +71,7 @@ def _gone(pids: set[int], timeout: float) -> set[int]:
 def test_the_gateway_modules_import_no_torch():
     code = ("import sys, switchyard.gateway, switchyard.gateway.app, switchyard.gateway.serve, "
             "switchyard.gateway.cli, switchyard.gateway.openai.routes, switchyard.gateway.tgi.routes, "
-            "switchyard.core.client, switchyard.core.engine_process;"
+            "switchyard.core.engine.client, switchyard.core.engine.process;"
             "print([m for m in ('torch', 'xgrammar', 'outlines_core') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

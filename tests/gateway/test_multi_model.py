@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from switchyard.core.client_base import EngineClient
+from switchyard.core.engine.client_base import EngineClient
 from switchyard.core.config import EngineConfig
 from switchyard.core.params import ValidationError
 from switchyard.gateway.cli import build_parser

@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from switchyard.core.client import EngineLoad, StepStats
+from switchyard.core.engine.client import EngineLoad, StepStats
 from switchyard.gateway.metrics import Metrics
 
 SYSTEM = ("You answer questions about a small library. Opening hours are nine to five on weekdays and ten to "
@@ -110,7 +110,7 @@ def test_requests_added_together_are_all_or_none(server):
     import asyncio
 
     from switchyard.core.params import SamplingParams, ValidationError
-    from switchyard.core.request import Request
+    from switchyard.core.scheduling.request import Request
 
     async def add_with_a_bad_one():
         good = Request("together-good", [1, 2, 3], SamplingParams(max_tokens=2))

@@ -22,9 +22,9 @@ from fastapi.testclient import TestClient
 from openai_reference import MODEL_NAME
 from reliability_servers import serve_draining, start_tiny, tiny_engine
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig
-from switchyard.core.engine_process import ProcessEngineClient
+from switchyard.core.engine.process import ProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
 

@@ -119,7 +119,7 @@ def _engine_cpus(server_pid: int) -> dict[int, str]:
     found = {}
     for pid in _children(server_pid):
         try:
-            if "switchyard.core.engine_process" in open(f"/proc/{pid}/cmdline").read() and _loads_torch(pid):
+            if "switchyard.core.engine.process" in open(f"/proc/{pid}/cmdline").read() and _loads_torch(pid):
                 status = open(f"/proc/{pid}/status").read()
                 found[pid] = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
         except OSError:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from switchyard.core.client import EngineClient
+from switchyard.core.engine.client import EngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
 

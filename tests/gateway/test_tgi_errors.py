@@ -13,7 +13,7 @@ import text_generation
 from huggingface_hub import InferenceClient
 from huggingface_hub import errors as hub_errors
 
-from switchyard.core.client import EngineDeadError
+from switchyard.core.engine.client import EngineDeadError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -15,7 +15,7 @@ import pytest
 from otlp_receiver import GrpcReceiver, HttpReceiver
 from reliability_servers import serve_draining, tiny_engine
 
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.core.config import GrammarConfig, TracingConfig
 from switchyard.core.params import ValidationError
 from switchyard.gateway.cli import build_parser
@@ -154,7 +154,7 @@ def test_an_aborted_request_ends_its_engine_spans():
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from switchyard.core.params import SamplingParams
-    from switchyard.core.request import Request
+    from switchyard.core.scheduling.request import Request
     from switchyard.core.tracing import EngineTracer
 
     exporter = InMemorySpanExporter()
@@ -201,10 +201,10 @@ def test_tracing_off_imports_no_opentelemetry():
 import sys
 import fastapi
 baseline = {m for m in sys.modules if m.startswith("opentelemetry")}
-from switchyard.core.client import InProcessEngineClient
+from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
-import switchyard.core.engine_loop, switchyard.gateway.tracing
+import switchyard.core.engine.loop, switchyard.gateway.tracing
 app = create_app(ServerSettings(model_id="m"), InProcessEngineClient(lambda: None))
 assert app.state.tracing is None
 loaded = [m for m in sys.modules if m.startswith("opentelemetry") and m not in baseline]

@@ -33,7 +33,7 @@ from quant_tools_model import PROMPTS, TEXTS, build_float_model, calibration_ids
 from switchyard.core.llm import LLM  # noqa: E402
 from switchyard.core.params import SamplingParams  # noqa: E402
 from switchyard.core.quant.apply import QuantizeError  # noqa: E402
-from switchyard.core.request import Request  # noqa: E402
+from switchyard.core.scheduling.request import Request  # noqa: E402
 
 WHERE = "runs in `.ci/backend_env.sh quanttools` (the tools pin their own torch and transformers)"
 needs_gptqmodel = pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None,

@@ -11,7 +11,7 @@ from switchyard.backends.neuron import NeuronBackend
 from switchyard.backends.neuron.device import DEFAULT_COMPILE_CACHE, NeuronHost
 from switchyard.backends.neuron.env import compile_cache_url, neuron_shard_env, visible_cores
 from switchyard.backends.tpu.buckets import ShapeBuckets
-from switchyard.core.shard_group import ProcessShardLauncher
+from switchyard.core.shards.group import ProcessShardLauncher
 from switchyard.core.backend import ShardInfo
 from switchyard.core.config import EngineConfig
 from switchyard.core.plugins import discover_backends

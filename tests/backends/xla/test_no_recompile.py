@@ -13,7 +13,7 @@ from xla_helpers import compiles, generate, tiny_config  # noqa: E402
 
 from switchyard.backends.cpu import CpuBackend  # noqa: E402
 from switchyard.backends.tpu import TpuBackend  # noqa: E402
-from switchyard.core.engine import EngineCore  # noqa: E402
+from switchyard.core.engine.core import EngineCore  # noqa: E402
 
 
 def test_warm_up_compiles_each_bucket_once_and_serving_compiles_nothing(capsys):

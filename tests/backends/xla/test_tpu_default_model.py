@@ -14,7 +14,7 @@ from xla_helpers import compiles, generate  # noqa: E402
 from switchyard.backends.cpu import CpuBackend  # noqa: E402
 from switchyard.backends.tpu import TpuBackend  # noqa: E402
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from switchyard.core.engine import EngineCore  # noqa: E402
+from switchyard.core.engine.core import EngineCore  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 

@@ -14,7 +14,7 @@ pytest.importorskip("torch_xla")
 
 from switchyard.backends.tpu import TpuBackend  # noqa: E402
 from switchyard.backends.tpu.env import tpu_shard_env  # noqa: E402
-from switchyard.core.shard_group import ProcessShardLauncher  # noqa: E402
+from switchyard.core.shards.group import ProcessShardLauncher  # noqa: E402
 from switchyard.core.backend import ShardInfo  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""TPU shards join their group as every backend's do (core/distributed.py): two PJRT_DEVICE=CPU
+"""TPU shards join their group as every backend's do (core/shards/distributed.py): two PJRT_DEVICE=CPU
 processes, each with its TPU process environment, through TpuBackend.init_device: the "xla"
 data group, and the gloo control group that carries each step (broadcast_object) and the KV
 block count (min_across_shards), with core's communicator over the data group. PJRT's CPU
@@ -18,11 +18,11 @@ pytest.importorskip("torch_xla")
 from switchyard.backends.tpu import TpuBackend  # noqa: E402
 from switchyard.backends.tpu.env import tpu_shard_env  # noqa: E402
 from switchyard.core.backend import ShardInfo  # noqa: E402
-from switchyard.core.shard_group import ProcessShardLauncher  # noqa: E402
+from switchyard.core.shards.group import ProcessShardLauncher  # noqa: E402
 
 
 def _join_and_talk(shard, path):
-    from switchyard.core.distributed import TorchCommunicator, broadcast_object, min_across_shards
+    from switchyard.core.shards.distributed import TorchCommunicator, broadcast_object, min_across_shards
 
     backend = TpuBackend()
     backend.init_device(shard)
@@ -62,7 +62,7 @@ def test_an_engine_of_shards_on_pjrt_cpu_is_refused_before_any_shard_starts():
     from xla_helpers import tiny_config
 
     from switchyard.core.config import ParallelConfig
-    from switchyard.core.engine import EngineCore
+    from switchyard.core.engine.core import EngineCore
     from switchyard.core.errors import BackendCapabilityError
 
     config = replace(tiny_config(), parallel=ParallelConfig(tensor_parallel_size=2))

@@ -17,7 +17,7 @@ from switchyard.backends.tpu.attention import PallasAttentionKernel, XlaAttentio
 from switchyard.backends.tpu.buckets import ShapeBuckets  # noqa: E402
 from switchyard.backends.tpu.runner import pad_step  # noqa: E402
 from switchyard.core.backend import AttentionSpec  # noqa: E402
-from switchyard.core.runner import StepInput  # noqa: E402
+from switchyard.core.execution.runner import StepInput  # noqa: E402
 from switchyard.core.testing.batches import random_step, ragged_lens  # noqa: E402
 
 DEVICE = torch_xla.device()

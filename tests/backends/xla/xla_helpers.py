@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.engine import EngineCore
+from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
-from switchyard.core.request import Request
+from switchyard.core.scheduling.request import Request
 
 
 def compiles() -> int:

@@ -154,7 +154,7 @@ def test_each_shard_gets_its_oneccl_placement():
 
 
 def test_the_default_base_is_cores_process_launcher_with_the_oneccl_env():
-    from switchyard.core.shard_group import ProcessShardLauncher
+    from switchyard.core.shards.group import ProcessShardLauncher
 
     base = XpuShardLauncher(None)._base
     assert isinstance(base, ProcessShardLauncher) and base.env_for is shard_env

@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from switchyard.backends.cpu import CpuBackend  # noqa: E402
 from switchyard.backends.xpu import XpuBackend  # noqa: E402
-from switchyard.core.client import InProcessEngineClient  # noqa: E402
+from switchyard.core.engine.client import InProcessEngineClient  # noqa: E402
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from switchyard.core.engine import EngineCore  # noqa: E402
+from switchyard.core.engine.core import EngineCore  # noqa: E402
 from switchyard.core.loader import load_tokenizer  # noqa: E402
 from switchyard.core.params import SamplingParams  # noqa: E402
-from switchyard.core.request import Request  # noqa: E402
+from switchyard.core.scheduling.request import Request  # noqa: E402
 from switchyard.gateway.app import create_app  # noqa: E402
 from switchyard.gateway.settings import ServerSettings  # noqa: E402
 

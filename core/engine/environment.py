@@ -2,7 +2,7 @@
 
 A backend's process environment (Backend.process_environment: a preloaded allocator and
 OpenMP runtime, thread settings) is asked of the backend, whose module imports torch; the
-engine process then re-executes itself with it (core/engine_process.py), and imports torch
+engine process then re-executes itself with it (core/engine/process.py), and imports torch
 again. `EnvironmentPrediction` keeps the answer of the last start with the same
 configuration, so a cached start re-executes at once, before any heavy import: one torch
 import instead of two (seconds of every start on a small machine).

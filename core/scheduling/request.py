@@ -5,7 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from .params import SamplingParams
+from ..params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

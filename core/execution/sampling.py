@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .grammar.constrained import GrammarMask, apply_grammar_mask
-from .params import SamplingParams
+from ..grammar.constrained import GrammarMask, apply_grammar_mask
+from ..params import SamplingParams
 from .watermark import apply_watermark
 
 

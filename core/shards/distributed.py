@@ -4,7 +4,7 @@ A sharded process has two groups: the default group, over the backend's `dist_ba
 ("gloo", "nccl" - RCCL on ROCm - or "xccl"), carries the model's tensors with a bounded
 timeout; a gloo "control" group carries the engine's small host-side messages (each step's
 SchedulerOutput, the KV block count) and may wait as long as the engine is idle.
-The shard processes themselves are started by core/shard_group.py.
+The shard processes themselves are started by core/shards/group.py.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .backend_contract import ShardInfo
-from .config import ParallelConfig
+from ..backend_contract import ShardInfo
+from ..config import ParallelConfig
 
 # A worker waits on the control group while the engine is idle: days, not the data timeout.
 CONTROL_TIMEOUT = timedelta(days=30)

@@ -10,11 +10,11 @@ import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from .errors import EngineDeadError
-from .request import Request, RequestOutput
+from ..errors import EngineDeadError
+from ..scheduling.request import Request, RequestOutput
 
 if TYPE_CHECKING:
-    from .grammar.spec import GrammarSpec
+    from ..grammar.spec import GrammarSpec
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class ModelChecked:
 @dataclass(frozen=True)
 class Ready:
     """Loaded and warmed up. `tokenizer` is the engine's, as the gateway holds it
-    (core/serving_tokenizer.py; pickled across a process)."""
+    (core/text/serving_tokenizer.py; pickled across a process)."""
 
     info: EngineInfo
     tokenizer: object

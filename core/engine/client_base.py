@@ -1,6 +1,6 @@
 """The gateway's view of the engine: `EngineClient` (what routes call) and `RequestStream`
-(one request's outputs, an async iterator). Implementations: core/client.py (engine in a
-thread) and core/engine_process.py (engine in its own process)."""
+(one request's outputs, an async iterator). Implementations: core/engine/client.py (engine in a
+thread) and core/engine/process.py (engine in its own process)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,11 +9,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .engine_messages import EngineInfo, EngineLoad, StepStats
-from .request import Request, RequestOutput
+from .messages import EngineInfo, EngineLoad, StepStats
+from ..scheduling.request import Request, RequestOutput
 
 if TYPE_CHECKING:
-    from .grammar.spec import GrammarSpec
+    from ..grammar.spec import GrammarSpec
 
 
 class RequestStream:

@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-from .backend_contract import ShardInfo
-from .config import RAY_PLACEMENT_STRATEGIES, ParallelConfig
-from .errors import BackendError
+from ..backend_contract import ShardInfo
+from ..config import RAY_PLACEMENT_STRATEGIES, ParallelConfig
+from ..errors import BackendError
 
 logger = logging.getLogger(__name__)
 

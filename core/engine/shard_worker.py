@@ -15,16 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo, ShardLauncher
-from .config import EXECUTOR_BACKENDS, CacheConfig, EngineConfig
-from .distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
-from .errors import ShardTerminated
-from .kv.sizing import with_usable_tokens
-from .loader import LoadedModel, choose_model, load_model
-from .memory import drop_mapped_weight_pages, release_freed_memory
-from .models import check_shardable
-from .runner import ModelRunner
-from .scheduler_output import SchedulerOutput
+from ..backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo, ShardLauncher
+from ..config import EXECUTOR_BACKENDS, CacheConfig, EngineConfig
+from ..shards.distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
+from ..errors import ShardTerminated
+from ..kv.sizing import with_usable_tokens
+from ..loader import LoadedModel, choose_model, load_model
+from ..memory import drop_mapped_weight_pages, release_freed_memory
+from ..models import check_shardable
+from ..execution.runner import ModelRunner, runner_for
+from ..scheduling.output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +70,13 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
     if shard.sharded:
         num_blocks = min_across_shards(num_blocks)
     kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)
-    return ShardModel(loaded, num_blocks, backend.make_runner(loaded, kv_caches, config))
+    return ShardModel(loaded, num_blocks, runner_for(backend, loaded, kv_caches, config))
 
 
 def run_shard(shard: ShardInfo, config: EngineConfig, backend_name: str) -> None:
     """A worker process's body (the launcher's target): build, then run each step rank 0
     broadcasts until it broadcasts None."""
-    from .plugins import select_backend
+    from ..plugins import select_backend
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard {shard.rank} %(levelname)s %(message)s")
     model = build_shard_model(config, select_backend(backend_name), shard)
@@ -103,7 +103,7 @@ def shard_launcher_for(config: EngineConfig, backend: Backend) -> ShardLauncher:
         raise ValueError(f"distributed executor backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
                          f"got {executor!r}")
     if executor == "ray":
-        from .ray_launcher import ray_shard_launcher
+        from ..shards.ray_launcher import ray_shard_launcher
 
         return ray_shard_launcher(config.parallel, backend.name)
     return launcher

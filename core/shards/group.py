@@ -28,13 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from .backend_contract import ShardInfo
+from ..backend_contract import ShardInfo
 
 logger = logging.getLogger(__name__)
 
 EXIT_PARENT_DIED = 70
 # A shard's interpreter: this module's _child_main, with the error pipe's descriptor as argv[1].
-_CHILD_CODE = "from switchyard.core.shard_group import _child_main; _child_main()"
+_CHILD_CODE = "from switchyard.core.shards.group import _child_main; _child_main()"
 _LENGTH = struct.Struct("!Q")  # the pickled start's size, before it on the child's stdin
 
 

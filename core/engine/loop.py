@@ -15,18 +15,18 @@ from dataclasses import replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .engine_channel import Channel
-from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
+from .channel import Channel
+from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
-from .errors import BackendError, EngineDeadError, ShardTerminated
-from .memory import release_freed_memory
-from .serving_tokenizer import gateway_tokenizer
+from ..errors import BackendError, EngineDeadError, ShardTerminated
+from ..memory import release_freed_memory
+from ..text.serving_tokenizer import gateway_tokenizer
 from .output_processor import OutputProcessor
-from .request import FinishReason, Request
-from .tracing import EngineTracer
+from ..scheduling.request import FinishReason, Request
+from ..tracing import EngineTracer
 
 if TYPE_CHECKING:
-    from .config import TracingConfig
+    from ..config import TracingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
             loop.warm_up()
         release_freed_memory()  # what loading freed stays resident otherwise (core/memory.py)
         if on_ready is not None:
-            on_ready()  # e.g. back to the normal CPU priority (core/engine_priority.py)
+            on_ready()  # e.g. back to the normal CPU priority (core/engine/priority.py)
         channel.send(Ready(engine.info, gateway_tokenizer(tokenizer), loop.load()))
     except BaseException as exc:  # noqa: BLE001
         logger.exception("engine warm-up failed")
@@ -94,7 +94,7 @@ class EngineLoop:
         """What the first requests would pay is paid here, before Ready: a step of prompt chunks as
         long as a chat turn's, decodes of two requests side by side, and the allocations of both
         (the shapes a first request meets; measured by benchmarks/first_requests.py)."""
-        from .params import SamplingParams
+        from ..params import SamplingParams
 
         length = max(1, min(WARM_UP_PROMPT_TOKENS, self.engine.info.max_model_len - 8))
         ids = ((self.tokenizer.encode("Warm-up") or [0]) * length)[:length]

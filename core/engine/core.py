@@ -7,25 +7,25 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
-from .backend import Backend
-from .capabilities import check_capabilities
-from .config import EngineConfig
-from .decode_batch import decode_rows_only
-from .engine_messages import EngineInfo  # torch-free: it crosses to the gateway
-from .grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
-from .kv import BlockPool, KVCacheManager
-from .loader import load_hf_tokenizer
-from .params import ValidationError
-from .plugins import select_backend
-from .request import EngineCoreOutput, FinishReason, Request, decide_finish
-from .sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
-from .scheduler import Scheduler
-from .scheduler_output import SchedulerOutput
-from .serving_tokenizer import ServingTokenizer
-from .kv.sizing import KVCacheSize
-from .spec.verify import VerifyPlan, rewind
-from .spec.build import build_speculator
-from .spec.draft import check_draft_model
+from ..backend import Backend
+from ..capabilities import check_capabilities
+from ..config import EngineConfig
+from ..execution.decode_batch import decode_rows_only
+from .messages import EngineInfo  # torch-free: it crosses to the gateway
+from ..grammar import ConstrainedRequests, GrammarCompileService, GrammarError, make_compiler
+from ..kv import BlockPool, KVCacheManager
+from ..loader import load_hf_tokenizer
+from ..params import ValidationError
+from ..plugins import select_backend
+from ..scheduling.request import EngineCoreOutput, FinishReason, Request, decide_finish
+from ..execution.sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
+from ..scheduling.scheduler import Scheduler
+from ..scheduling.output import SchedulerOutput
+from ..text.serving_tokenizer import ServingTokenizer
+from ..kv.sizing import KVCacheSize
+from ..spec.verify import VerifyPlan, rewind
+from ..spec.build import build_speculator
+from ..spec.draft import check_draft_model
 from .shard_worker import ShardSet, build_shard_model, kv_bytes_per_block, num_kv_blocks_for  # noqa: F401 - re-export
 
 logger = logging.getLogger(__name__)

@@ -2,10 +2,10 @@
 
 `add_request(request)` returns a `RequestStream`, an async iterator of
 `RequestOutput`s; `abort(request_id)` withdraws a request and frees its blocks
-before the next step. The engine runs its step loop (core/engine_loop.py) either in a
+before the next step. The engine runs its step loop (core/engine/loop.py) either in a
 thread of this process (`InProcessEngineClient`: offline use and tests) or in its own
-process (`ProcessEngineClient`, core/engine_process.py: `switchyard serve`); both talk to
-it with the same messages (core/engine_messages.py) over a channel, and a reader thread
+process (`ProcessEngineClient`, core/engine/process.py: `switchyard serve`); both talk to
+it with the same messages (core/engine/messages.py) over a channel, and a reader thread
 hands each step's outputs to their streams: one wake-up per event loop per step, so the
 gateway's event loop never waits on a step.
 """
@@ -21,17 +21,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .client_base import EngineClient, RequestStream
-from .engine_channel import Channel, queue_pair
-from .engine_loop import serve_engine
-from .engine_messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, EngineLoad, LoadChanged,
+from .channel import Channel, queue_pair
+from .loop import serve_engine
+from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, EngineLoad, LoadChanged,
                               ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop)
-from .errors import EngineDeadError
-from .request import Request, RequestOutput
-from .serving_tokenizer import ServingTokenizer
+from ..errors import EngineDeadError
+from ..scheduling.request import Request, RequestOutput
+from ..text.serving_tokenizer import ServingTokenizer
 
 if TYPE_CHECKING:
-    from .config import TracingConfig
-    from .grammar.spec import GrammarSpec
+    from ..config import TracingConfig
+    from ..grammar.spec import GrammarSpec
 
 __all__ = ["ChannelEngineClient", "EngineClient", "EngineDeadError", "EngineLoad", "InProcessEngineClient",
            "RequestStream", "StepStats"]

@@ -2,8 +2,8 @@
 
 `ProcessEngineClient` spawns one process (a fresh interpreter: the gateway process never
 imports torch, and nothing of its threads is forked) that builds EngineCore from the
-EngineConfig, warms it up and runs core/engine_loop.py's step loop; the two talk over a
-multiprocessing pipe (core/engine_channel.py says why not ZeroMQ). The engine process
+EngineConfig, warms it up and runs core/engine/loop.py's step loop; the two talk over a
+multiprocessing pipe (core/engine/channel.py says why not ZeroMQ). The engine process
 starts the backend's shard processes itself (ranks 1..N-1; rank 0 is its own model).
 
 If the engine process ends for any reason (a crash, SIGKILL, a shard's ShardTerminated),
@@ -34,11 +34,11 @@ from multiprocessing.connection import Connection
 from collections.abc import Callable
 
 from .client import ChannelEngineClient
-from .config import EngineConfig, default_cache_root
-from .engine_channel import Channel, PipeChannel
-from .engine_environment import EnvironmentPrediction, missing_from_process
-from .engine_priority import serve_in_foreground, start_in_background
-from .engine_messages import ModelChecked, StartupFailed, StepStats, portable
+from ..config import EngineConfig, default_cache_root
+from .channel import Channel, PipeChannel
+from .environment import EnvironmentPrediction, missing_from_process
+from .priority import serve_in_foreground, start_in_background
+from .messages import ModelChecked, StartupFailed, StepStats, portable
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,11 @@ class ProcessEngineClient(ChannelEngineClient):
         self.process: subprocess.Popen | None = None
 
     def _open(self) -> Channel:
-        """`python -m switchyard.core.engine_process FD`: a fresh interpreter that imports
+        """`python -m switchyard.core.engine.process FD`: a fresh interpreter that imports
         only what the engine needs (not the caller's __main__, as multiprocessing's spawn
         would); its start-up arguments are the first message on the pipe."""
         mine, theirs = Pipe(duplex=True)
-        self.process = subprocess.Popen([sys.executable, "-m", "switchyard.core.engine_process", str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "switchyard.core.engine.process", str(theirs.fileno())],
                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()  # the child's copy is its own: our recv sees EOF when it ends
         logger.info("engine process started (pid %d)", self.process.pid)
@@ -120,11 +120,11 @@ def main(argv: list[str]) -> None:
             args.log_setup()
         if args.config.parallel.cpus is not None and not restarted:  # kept by the re-exec below
             os.sched_setaffinity(0, args.config.parallel.cpus)
-        idle = args.config.start_in_background or args.config.serve_in_background  # core/engine_priority.py
+        idle = args.config.start_in_background or args.config.serve_in_background  # core/engine/priority.py
         if idle and not restarted:  # kept by the re-exec below, as the affinity
             start_in_background()
         _settle_environment(args, pipe_fd, argv[4:6] if restarted else None)
-        from .engine_loop import serve_engine
+        from .loop import serve_engine
 
         if _check_model(channel, args.config):
             serve_engine(channel, lambda: build_engine(args.config), args.warm_up, args.config.tracing,
@@ -141,7 +141,7 @@ _PREDICTED, _VERIFIED = "predicted", "verified"  # argv[4]: what the environment
 def _settle_environment(args: _StartArgs, pipe_fd: int, handed: list[str] | None) -> None:
     """Re-executes this process (at most twice) until it runs in its backend's environment.
     A first start re-executes at once with the environment predicted from the last start of
-    this configuration (core/engine_environment.py), before importing torch; the backend's
+    this configuration (core/engine/environment.py), before importing torch; the backend's
     own answer, asked afterwards, corrects a stale prediction with one more re-exec. With no
     prediction, the backend is asked first, as a first start must."""
     root = args.config.model.cache_dir or default_cache_root()
@@ -173,7 +173,7 @@ def _settle_environment(args: _StartArgs, pipe_fd: int, handed: list[str] | None
 def _wanted_environment(config: EngineConfig) -> dict[str, str]:
     """Its backend's process environment ({} for a backend that asks for nothing, or one that
     cannot be selected: _check_model says why)."""
-    from .plugins import select_backend
+    from ..plugins import select_backend
 
     try:
         return select_backend(config.backend).process_environment(config)
@@ -193,7 +193,7 @@ def _restart_with(environment: dict[str, str], pipe_fd: int, args: _StartArgs, s
     os.set_inheritable(pipe_fd, True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "switchyard.core.engine_process", str(pipe_fd),
+    os.execve(sys.executable, [sys.executable, "-m", "switchyard.core.engine.process", str(pipe_fd),
                                RESTARTED_FLAG, str(start_args.fileno()), stage, key], {**os.environ, **environment})
 
 
@@ -206,14 +206,14 @@ def _check_model(channel: PipeChannel, config: EngineConfig) -> bool:
     """An unknown or unsupported model, a backend that cannot serve the configuration (its
     declared dtypes and block sizes) or a draft model without the model's tokenizer is a user
     error before the server starts serving."""
-    from .loader import choose_model
-    from .plugins import check_backend
+    from ..loader import choose_model
+    from ..plugins import check_backend
 
     try:
         check_backend(config)
         description = choose_model(config.model)[2].describe()
         if config.speculative.method == "draft" and config.speculative.enabled:
-            from .spec.draft import check_draft_model
+            from ..spec.draft import check_draft_model
 
             check_draft_model(config)  # a draft without the model's tokenizer
     except Exception as exc:  # noqa: BLE001 - the gateway raises it: a one-line error, exit 2
@@ -226,8 +226,8 @@ def _check_model(channel: PipeChannel, config: EngineConfig) -> bool:
 def build_engine(config: EngineConfig) -> tuple[object, object]:
     """(EngineCore, tokenizer): one tokenizer, for detokenization (and grammar compiles when it is
     transformers'; a ServingTokenizer, core/loader's for a converted GGUF, leaves them their own)."""
-    from .engine import EngineCore
-    from .loader import load_tokenizer
+    from .core import EngineCore
+    from ..loader import load_tokenizer
 
     tokenizer = load_tokenizer(config.model)
     return EngineCore(config, tokenizer=tokenizer), tokenizer

@@ -2,7 +2,7 @@
 
 transformers' fast tokenizers wrap one `tokenizers.Tokenizer` (Rust); everything a server asks
 of them (encode, decode, single tokens, offsets, the vocabulary's size, the special tokens and
-the chat template, which core/chat_template.py renders) is that object's or a few values read
+the chat template, which core/text/chat_template.py renders) is that object's or a few values read
 once. The engine builds a ServingTokenizer from its transformers tokenizer and hands it to the
 gateway (engine_loop's `Ready`), which then never imports transformers: ~30 MB less resident per
 gateway (the default model's gateway: 129 -> 101 MB idle, 140 -> 109 MB at peak, 2-core AMX
@@ -12,7 +12,7 @@ fast backend (a slow, Python-only one) is handed over as it is.
 A GGUF's converted metadata (core/loader/gguf_cache.py) keeps one in `TOKENIZER_FILE`, and a
 cached start's engine uses it as its own tokenizer: with the config kept as plain attributes
 (core/models/plain_config.py), such an engine imports no transformers. Grammar compilers still
-take transformers' tokenizer (core/engine.py loads it on the first grammar).
+take transformers' tokenizer (core/engine/core.py loads it on the first grammar).
 
 Each method gives what the transformers tokenizer gives for the same call (tests/core/
 test_serving_tokenizer.py compares them)."""
@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any
 
-from .memory import trim_heap
+from ..memory import trim_heap
 
 TOKENIZER_FILE = "serving_tokenizer.json"
 # transformers' clean_up_tokenization (for WordPiece-style tokenizers that set it)

@@ -14,9 +14,9 @@ import bisect
 import numpy as np
 import torch
 
-from .backend_contract import AttentionMetadata
+from ..backend_contract import AttentionMetadata
 from .runner import ModelRunner, decodes_by_row
-from .scheduler_output import ScheduledRequest, SchedulerOutput
+from ..scheduling.output import ScheduledRequest, SchedulerOutput
 
 MAX_CAPTURE_SIZE = 512
 
@@ -104,7 +104,7 @@ def decode_only(scheduler_output: SchedulerOutput) -> bool:
 
 
 def decode_rows_only(scheduler_output: SchedulerOutput) -> bool:
-    """Whether every request of the step is attended as decode rows (core/runner.py
+    """Whether every request of the step is attended as decode rows (core/execution/runner.py
     decodes_by_row: a decode, or a decode verifying proposed tokens) and none scores its
     prompt: a kernel that runs a batch of one-token decodes runs the step."""
     return bool(scheduler_output.scheduled) and all(decodes_by_row(s) and not s.computes_prompt_logprobs

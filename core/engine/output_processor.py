@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from .request import EngineCoreOutput, FinishReason, Request, RequestOutput, decide_finish
-from .tokenizer import IncrementalDetokenizer
+from ..scheduling.request import EngineCoreOutput, FinishReason, Request, RequestOutput, decide_finish
+from ..text.tokenizer import IncrementalDetokenizer
 
 
 class _RequestState:

@@ -29,13 +29,13 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .config import EngineConfig, SchedulerConfig
-from .kv import BlockPool, KVCacheManager
-from .params import ValidationError
+from ..config import EngineConfig, SchedulerConfig
+from ..kv import BlockPool, KVCacheManager
+from ..params import ValidationError
 from .prefill_policy import PrefillPolicy
 from .request import FinishReason, Request, RequestStatus, decide_finish
-from .scheduler_output import ScheduledRequest, SchedulerOutput, StepDraft
-from .spec import Speculator
+from .output import ScheduledRequest, SchedulerOutput, StepDraft
+from ..spec import Speculator
 
 
 class Scheduler:

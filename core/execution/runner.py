@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend_contract import AttentionMetadata, BackendInterface
-from .scheduler_output import ScheduledRequest, SchedulerOutput
+from ..backend_contract import AttentionMetadata, BackendInterface
+from ..scheduling.output import ScheduledRequest, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -142,3 +142,10 @@ class ModelRunner:
     def forward(self, step: StepInput) -> torch.Tensor:
         """The final hidden states of every token of the step [T, hidden]."""
         return self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+
+
+def runner_for(backend, loaded, kv_caches: list[torch.Tensor], config) -> ModelRunner:
+    """The runner of a loaded model's steps: the backend's own (Backend.make_runner), or the plain
+    ModelRunner where it returns None (the default)."""
+    return backend.make_runner(loaded, kv_caches, config) or ModelRunner(loaded.model, backend, kv_caches,
+                                                                         config.cache.block_size)

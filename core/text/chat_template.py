@@ -7,7 +7,7 @@ out, never a guess at a format.
 
 The template is rendered here, as TGI's router renders it (minijinja) rather than through
 transformers: the gateway then holds a bare `tokenizers` tokenizer and never imports
-transformers (core/serving_tokenizer.py). The environment is the one Hub templates are written
+transformers (core/text/serving_tokenizer.py). The environment is the one Hub templates are written
 for, transformers' `apply_chat_template`: a sandbox with trim_blocks and lstrip_blocks, loop
 controls, `{% generation %}` blocks, a `tojson` that keeps non-ASCII text, `raise_exception`,
 `strftime_now`, and the tokenizer's special tokens (`bos_token`...) as variables. Messages
@@ -21,7 +21,7 @@ import json
 import os
 from datetime import datetime
 
-from .params import ValidationError
+from ..params import ValidationError
 
 
 class ChatTemplateError(ValidationError):

@@ -1,0 +1,1 @@
+"""Running one step: the model runner, decode-only static batches, sampling."""

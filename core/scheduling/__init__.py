@@ -1,0 +1,1 @@
+"""The scheduler: requests, the prefill policy, and the plan of one step (SchedulerOutput)."""

@@ -1,0 +1,1 @@
+"""Shard groups and their launchers (processes, Ray) and the collectives backends use."""
