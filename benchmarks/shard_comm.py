@@ -23,7 +23,7 @@ import torch
 
 from switchyard.core import LLM, SamplingParams
 from switchyard.core.shards import distributed
-from switchyard.core.engine.core import shard_worker
+from switchyard.core.engine import shard_worker
 from switchyard.core.backend import ShardInfo
 from switchyard.core.scheduling.request import Request
 from switchyard.core.scheduling.output import ScheduledRequest, SchedulerOutput

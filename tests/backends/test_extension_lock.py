@@ -15,7 +15,7 @@ import time
 import pytest
 
 from switchyard.backends.cpu import extension
-from switchyard.core.engine.core import heartbeat
+from switchyard.core.engine import heartbeat
 from switchyard.core.engine.heartbeat import Heartbeat
 
 TINY = textwrap.dedent("""

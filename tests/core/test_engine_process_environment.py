@@ -11,7 +11,7 @@ from multiprocessing import Pipe
 
 import pytest
 
-from switchyard.core.engine.core import process as engine_process
+from switchyard.core.engine import process as engine_process
 from switchyard.core.config import EngineConfig
 from switchyard.core.engine.channel import PipeChannel
 

@@ -88,7 +88,7 @@ def test_a_first_conversion_says_so_and_shows_progress(tmp_path, monkeypatch, ca
     """The conversion is the first start's long silent step (~30 s on 2 busy cores) before the kernels."""
     import time
 
-    from switchyard.core.engine.core import heartbeat
+    from switchyard.core.engine import heartbeat
     from switchyard.core.loader import gguf_cache
 
     def slow(gguf_path, out_dir):
