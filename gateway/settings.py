@@ -28,6 +28,8 @@ class ServerSettings:
     served_model_names: tuple[str, ...] = ()  # extra names accepted as `model`
     grpc_port: int | None = None  # TGIS's gRPC API (gateway/grpc) on this port; None: off
     tracing: TracingConfig = field(default_factory=TracingConfig)  # --otlp-endpoint (gateway/tracing.py)
+    reasoning_parser: str = "auto"  # --reasoning-parser (gateway/reasoning/select.py)
+    tool_call_parser: str = "auto"  # --tool-call-parser (gateway/tool_parsers/select.py)
     version: str = "0.1.0"
 
 

@@ -121,9 +121,12 @@ _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\]\s*\S+:\d+:\s*")  # "[14:48:29] /projec
 
 def grammar_error(spec: GrammarSpec, exc: BaseException) -> GrammarError:
     """A compiler's exception as a GrammarError naming the problem and the parameter."""
+    if isinstance(exc, GrammarError):  # already says what is wrong (structural.py)
+        return exc
     message = _NATIVE_PREFIX.sub("", str(exc).strip()).strip() or type(exc).__name__
     what = {"json_schema": "invalid or unsupported JSON schema", "json_object": "JSON object grammar",
-            "regex": "invalid or unsupported regular expression"}[spec.kind]
+            "regex": "invalid or unsupported regular expression",
+            "structural": "invalid or unsupported tool-call grammar"}[spec.kind]
     return GrammarError(f"{what}: {message}", param_of(spec))
 
 
@@ -136,4 +139,4 @@ def check_size(spec: GrammarSpec, nbytes: int, limit: int) -> None:
 
 def param_of(spec: GrammarSpec) -> str:
     """The request parameter a spec most likely came from (the gateway may rename it)."""
-    return "grammar" if spec.kind == "regex" else "response_format"
+    return {"regex": "grammar", "structural": "tools"}.get(spec.kind, "response_format")

@@ -11,6 +11,9 @@ verified positions and rolls the matcher back. `mask` gives one row per sampled 
 VerifyPlan row); after sampling, `accept_run` advances the matcher by every token the request
 keeps and cuts the run after the token that completes the grammar, so the finish is decided
 as without speculation.
+
+A request whose grammar has a gate (a reasoning model: the grammar applies after its thinking)
+gets a `GatedMatcher` (gated.py): its rows allow every token until the gate opens.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from .base import CompiledGrammar, GrammarMatcher, allocate_bitmask, mask_bias, token_words
+from .gate import GrammarGate
+from .gated import GatedMatcher
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class ConstrainedRequests:
     def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], max_rollback_tokens: int = 0):
         self.vocab_size = vocab_size
         self.max_rollback_tokens = max_rollback_tokens
+        self.eos_token_ids = tuple(eos_token_ids)
         self._eos_row = token_words(eos_token_ids, vocab_size)
         self._not_eos = ~self._eos_row
         self._states: dict[str, _Constrained] = {}
@@ -72,8 +78,12 @@ class ConstrainedRequests:
     def __len__(self) -> int:
         return len(self._states)
 
-    def add(self, request_id: str, compiled: CompiledGrammar) -> None:
-        state = _Constrained(compiled.new_matcher(self.max_rollback_tokens), allocate_bitmask(1, self.vocab_size))
+    def add(self, request_id: str, compiled: CompiledGrammar, gate: GrammarGate | None = None) -> None:
+        """`gate`: the grammar applies only from where it opens (a reasoning model's answer, gated.py)."""
+        matcher = compiled.new_matcher(self.max_rollback_tokens)
+        if gate is not None:
+            matcher = GatedMatcher(matcher, gate, self.eos_token_ids, self.max_rollback_tokens)
+        state = _Constrained(matcher, allocate_bitmask(1, self.vocab_size))
         state.matcher.fill_bitmask(state.rows, 0)
         self._states[request_id] = state
 

@@ -18,13 +18,19 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 from .spec import GrammarError, GrammarSpec
+from .structural import nested_schemas
 
 _OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "patternProperties", "minProperties")
 _ARRAY_KEYWORDS = ("items", "prefixItems", "minItems")
 
 
 def check_finite(spec: GrammarSpec) -> None:
-    """Raise GrammarError if `spec` is a JSON schema with no finite instance."""
+    """Raise GrammarError if `spec` is a JSON schema with no finite instance (or holds one:
+    a structural spec's schemas are each checked)."""
+    if spec.kind == "structural":
+        for nested in nested_schemas(spec):
+            check_finite(nested)
+        return
     if spec.kind != "json_schema":
         return
     root = spec.schema

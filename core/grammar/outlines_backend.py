@@ -23,6 +23,7 @@ import torch
 from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error, token_words
 from .schema_support import OUTLINES_UNSUPPORTED, check_schema_support, strict_formats
 from .spec import GrammarSpec
+from .structural import check_structure, regex_of
 from .vocabulary import token_byte_map
 
 # Compact JSON: no free whitespace (small models otherwise loop on it until max_tokens).
@@ -158,6 +159,10 @@ class OutlinesCompiler(GrammarCompiler):
         try:
             if spec.kind == "regex":
                 regex = strip_anchors(spec.value)
+            elif spec.kind == "structural":
+                check_structure(spec.structure)
+                regex = regex_of(spec.structure, lambda schema: build_regex_from_schema(
+                    strict_formats(GrammarSpec.json_schema(schema)), whitespace_pattern=_WHITESPACE), self.name)
             else:
                 schema = strict_formats(spec) if spec.kind == "json_schema" else json.dumps({"type": "object"})
                 regex = build_regex_from_schema(schema, whitespace_pattern=_WHITESPACE)

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Iterator
 
 from .spec import GrammarError, GrammarSpec
+from .structural import nested_schemas
 
 # keyword -> when its value makes it unsupported (None: always)
 Unsupported = dict[str, Callable[[object, dict], bool] | None]
@@ -74,14 +75,15 @@ def strict_formats(spec: GrammarSpec) -> str:
 
 
 def check_schema_support(spec: GrammarSpec, unsupported: Unsupported, backend: str) -> None:
-    """Raise GrammarError at the first keyword of `spec`'s schema that `backend` would ignore."""
-    if spec.kind != "json_schema":
-        return
-    for path, schema in _subschemas(spec.schema, "#"):
-        for keyword, applies in unsupported.items():
-            if keyword in schema and (applies is None or applies(schema[keyword], schema)):
-                raise GrammarError(f"JSON schema keyword {keyword!r} (at {path}) is not supported by the "
-                                   f"{backend} grammar backend", "response_format")
+    """Raise GrammarError at the first keyword of `spec`'s schema (or of the schemas a structural
+    spec holds) that `backend` would ignore."""
+    for nested in nested_schemas(spec):
+        for path, schema in _subschemas(nested.schema, "#"):
+            for keyword, applies in unsupported.items():
+                if keyword in schema and (applies is None or applies(schema[keyword], schema)):
+                    raise GrammarError(f"JSON schema keyword {keyword!r} (at {path}) is not supported by the "
+                                       f"{backend} grammar backend",
+                                       "tools" if spec.kind == "structural" else "response_format")
 
 
 def _subschemas(schema, path: str) -> Iterator[tuple[str, dict]]:

@@ -264,7 +264,7 @@ def _failed(error: GrammarError) -> Future:
 
 
 def _what(spec: GrammarSpec) -> str:
-    return "regular expression" if spec.kind == "regex" else "JSON schema"
+    return {"regex": "regular expression", "structural": "tool-call grammar"}.get(spec.kind, "JSON schema")
 
 
 def _close_all(executors: list) -> None:

@@ -2,17 +2,21 @@
 
 A `GrammarSpec` is frozen and hashable: together with the tokenizer it keys the
 compile cache, and it rides in `SamplingParams.grammar` so that the n sequences of
-one request each get their own matcher over one compiled grammar.
+one request each get their own matcher over one compiled grammar. Its `gate` (gate.py)
+says where in the output the grammar starts to apply (after a reasoning model's thinking):
+the compilers ignore it and each request's matcher follows it (constrained.py). It is part of
+the cache key, so a grammar is compiled once per gate (a served model has one).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..errors import ValidationError
+from .gate import GrammarGate
 
-GrammarKind = Literal["json_schema", "json_object", "regex"]
+GrammarKind = Literal["json_schema", "json_object", "regex", "structural"]
 
 
 class GrammarError(ValidationError):
@@ -33,8 +37,9 @@ class GrammarSpec:
     kind: GrammarKind
     # json_schema: the schema as compact JSON text (no spaces, keys in the caller's order:
     # the order of "properties" is the order the model writes them in, so it is kept);
-    # regex: the pattern; json_object: "".
+    # regex: the pattern; json_object: ""; structural: the tree of structural.py as compact JSON.
     value: str = ""
+    gate: GrammarGate | None = None  # None: the grammar applies from the output's first token
 
     @classmethod
     def json_schema(cls, schema: dict | bool) -> GrammarSpec:
@@ -48,6 +53,19 @@ class GrammarSpec:
     def regex(cls, pattern: str) -> GrammarSpec:
         return cls("regex", pattern)
 
+    @classmethod
+    def structural(cls, tree: dict) -> GrammarSpec:
+        """Fixed text, special tokens, JSON values and regexes composed (structural.py)."""
+        return cls("structural", json.dumps(tree, separators=(",", ":")))
+
+    def gated(self, gate: GrammarGate | None) -> GrammarSpec:
+        """This grammar, applying only from where `gate` opens."""
+        return replace(self, gate=gate)
+
     @property
     def schema(self) -> dict | bool | None:
         return json.loads(self.value) if self.kind == "json_schema" else None
+
+    @property
+    def structure(self) -> dict | None:
+        return json.loads(self.value) if self.kind == "structural" else None

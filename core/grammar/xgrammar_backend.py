@@ -8,6 +8,7 @@ import torch
 from .base import CompiledGrammar, GrammarCompiler, GrammarMatcher, grammar_error
 from .schema_support import XGRAMMAR_UNSUPPORTED, check_schema_support, strict_formats
 from .spec import GrammarSpec
+from .structural import check_structure, xgrammar_structural_tag
 
 # Compact JSON: no free whitespace between tokens. Small models given the freedom
 # to emit whitespace tend to loop on it until max_tokens; compact output ends.
@@ -104,6 +105,10 @@ class XGrammarCompiler(GrammarCompiler):
                 # Any object (not any JSON value), extra properties allowed, still compact.
                 compiled = self._compiler.compile_json_schema(json.dumps({"type": "object"}), strict_mode=False,
                                                               **_COMPACT)
+            elif spec.kind == "structural":
+                check_structure(spec.structure)
+                compiled = self._compiler.compile_structural_tag(
+                    xgrammar_structural_tag(spec.structure, _compact_json_grammar))
             else:
                 compiled = self._compiler.compile_regex(spec.value)
         except (RuntimeError, ValueError, TypeError) as exc:
@@ -111,3 +116,12 @@ class XGrammarCompiler(GrammarCompiler):
         result = XGrammarCompiled(compiled)
         result.nbytes = compiled.memory_size_bytes
         return result
+
+
+def _compact_json_grammar(schema: dict | bool) -> str:
+    """A structural grammar's JSON schema as the EBNF of the compact JSON a json_schema spec
+    compiles to (formats made exact, as there)."""
+    import xgrammar
+
+    text = strict_formats(GrammarSpec.json_schema(schema))
+    return str(xgrammar.Grammar.from_json_schema(text, **_COMPACT))

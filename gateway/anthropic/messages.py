@@ -16,13 +16,15 @@ from switchyard.core.engine.client import RequestStream
 
 from ..errors import GatewayError, SafeJSONResponse
 from ..models_registry import service_for
+from ..openai.chat import prepared_prompt
 from ..openai.common import openai_finish_reason, resolve_model
 from ..openai.messages import chat_prompt_ids
 from ..openai.params import EnginePlan, chat_plan
-from ..openai.tool_output import assistant_message
+from ..openai.reasoning import reasoned_message
 from ..openai.tools import tool_plan
 from ..pipeline import Pipeline, off_loop
 from ..structured import compiled
+from ..tool_parsers import served_tool_format
 from .output import MessageFrame, content_blocks, matched_stop_sequence, stop_reason, usage
 from .request import CountTokensRequest, MessagesRequest, anthropic_error, chat_request
 from .stream import MessageEvents
@@ -47,8 +49,8 @@ async def submit_message(service, req: MessagesRequest) -> SubmittedMessage:
     chat = chat_request(req)  # its errors name Anthropic's fields already
     try:
         model = resolve_model(chat.model, service.settings)
-        plan = replace(chat_plan(chat, service.settings, len(service.tokenizer)), default_max_tokens=req.max_tokens)
-        prompt_ids = await off_loop(chat_prompt_ids, service, chat, plan.tools)
+        plan = replace(chat_plan(chat, service.settings, len(service.tokenizer), served_tool_format(service)), default_max_tokens=req.max_tokens)
+        plan, prompt_ids = await prepared_prompt(service, chat, plan)
         params, = plan.sequence_params(service, len(prompt_ids), "messages")
         if plan.params.grammar is not None:
             await compiled(service.client, plan.params.grammar, plan.grammar_param)
@@ -67,11 +69,11 @@ async def create_message(req: MessagesRequest, http_request: Request):
     stop_sequences = list(req.stop_sequences or ())
     if req.stream:
         events = MessageEvents(frame, submitted.plan.tools, len(submitted.prompt_ids), submitted.context_bound,
-                               stop_sequences, service.tokenizer)
+                               stop_sequences, service.tokenizer, submitted.plan.reasoning)
         return pipeline.stream(admission, submitted.streams, events, headers)
     completion, = await pipeline.collect(admission, submitted.streams, http_request)
-    message, _ = assistant_message(completion.text, openai_finish_reason(completion.finish_reason),
-                                   submitted.plan.tools)
+    message, _, _ = reasoned_message(submitted.plan.reasoning, completion.text, completion.token_ids,
+                                     openai_finish_reason(completion.finish_reason), submitted.plan.tools)
     content = content_blocks(message)
     reason = stop_reason(completion.finish_reason, any(block["type"] == "tool_use" for block in content),
                          submitted.context_bound)
@@ -90,7 +92,7 @@ async def count_tokens(req: CountTokensRequest, http_request: Request) -> dict:
     chat = chat_request(req)
     try:
         resolve_model(chat.model, service.settings)
-        prompt_ids = await off_loop(chat_prompt_ids, service, chat, tool_plan(chat, service.settings))
+        prompt_ids = await off_loop(chat_prompt_ids, service, chat, tool_plan(chat, service.settings, served_tool_format(service)))
     except GatewayError as exc:
         raise anthropic_error(exc) from exc
     return {"input_tokens": len(prompt_ids)}

@@ -1,5 +1,6 @@
 """Engine outputs as Anthropic's Messages API shows them: a `message` whose `content`
-is `text` and `tool_use` blocks, with its `stop_reason` and `usage`.
+is a `thinking` block (a reasoning model's thinking; its `signature` is empty: nothing is
+signed here), then `text` and `tool_use` blocks, with its `stop_reason` and `usage`.
 
 The tool machinery is the chat route's (tool_output.py): a chat message, or chat
 stream deltas, are read and re-shaped into content blocks here, so a call is
@@ -12,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from switchyard.core.scheduling.request import FinishReason
+
+from ..openai.reasoning import reasoning_of
 
 
 def new_id(prefix: str) -> str:
@@ -52,6 +55,10 @@ def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}
 
 
+def thinking_block(thinking: str) -> dict:
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
 def text_block(text: str) -> dict:
     return {"type": "text", "text": text}
 
@@ -71,9 +78,11 @@ def tool_input(arguments: str) -> dict:
 
 
 def content_blocks(message: dict) -> list[dict]:
-    """A chat message (tool_output.assistant_message) as content blocks: its text, if any,
-    then a tool_use block per call."""
-    blocks = [text_block(message["content"])] if message.get("content") else []
+    """A chat message (openai/reasoning.reasoned_message) as content blocks: its thinking and
+    its text, if any, then a tool_use block per call."""
+    thinking = reasoning_of(message)
+    blocks = [thinking_block(thinking)] if thinking else []
+    blocks += [text_block(message["content"])] if message.get("content") else []
     return blocks + [tool_use_block(call["function"]["name"], tool_input(call["function"]["arguments"]))
                      for call in message.get("tool_calls") or ()]
 

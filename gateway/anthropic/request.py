@@ -16,9 +16,14 @@ Decisions made here, once:
   hash changes every request and would defeat the prefix cache);
 - a `tool_result` with `is_error: true` reaches the model as "Error: <its text>";
 - `tool_choice` `auto` or `none` without tools means no tools (`any` and `tool` need them);
-- `thinking` and `output_config.effort` are accepted and ignored (no reasoning model:
-  answers have no thinking blocks); earlier `thinking` blocks in the assistant's turns
-  are dropped; so is a top-level `cache_control` (the prefix cache needs no marks);
+- `thinking` reaches the chat template as `enable_thinking` (true for `enabled` and
+  `adaptive`, false for `disabled`: what Qwen3-style templates read) and `output_config.effort`
+  as `reasoning_effort` (what gpt-oss's reads); a template that reads neither ignores them.
+  `budget_tokens` is not enforced. A reasoning model's thinking comes back as `thinking`
+  blocks (gateway/reasoning; output.py, stream.py); earlier `thinking` blocks in the
+  assistant's turns reach the template as that turn's thinking (`reasoning_content`, which
+  the template shows or drops), `redacted_thinking` ones are dropped; so is a top-level
+  `cache_control` (the prefix cache needs no marks);
 - `temperature`, `top_p` and `top_k` are read when sent (the SDK no longer has them as
   arguments: `extra_body`), as llama.cpp and vLLM read them;
 - images, documents, server tools, a final assistant message (prefill), MCP servers
@@ -36,7 +41,8 @@ from ..errors import GatewayError, invalid
 from ..openai.schemas import ChatCompletionRequest
 
 _ROLES = ("user", "assistant")
-_SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # a reasoning model's notes: nothing this model reads
+_SKIPPED_BLOCKS = ("redacted_thinking",)  # encrypted thinking: nothing any model here can read
+_THINKING_KWARG = {"enabled": True, "adaptive": True, "disabled": False}  # thinking.type -> enable_thinking
 _NOT_TEXT = ("image", "document", "search_result")
 _BILLING_HEADER = "x-anthropic-billing-header"
 _CLIENT_TOOL_TYPES = (None, "custom")
@@ -51,8 +57,8 @@ class CountTokensRequest(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None  # accepted, ignored
-    output_config: dict[str, Any] | None = None  # `format` honoured, `effort` ignored
+    thinking: dict[str, Any] | None = None  # -> the template's enable_thinking
+    output_config: dict[str, Any] | None = None  # `format` a grammar, `effort` the template's reasoning_effort
     output_format: dict[str, Any] | None = None  # the beta's name of output_config.format
     # refused: they cannot be honoured here
     mcp_servers: list[Any] | None = None
@@ -89,10 +95,27 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     output_format = _output_format(req)
     if output_format is not None:
         body["response_format"] = output_format
+    template_kwargs = _template_kwargs(req)
+    if template_kwargs:
+        body["chat_template_kwargs"] = template_kwargs
     try:
         return ChatCompletionRequest.model_validate(body)
     except PydanticValidationError as exc:  # a shape the checks below let through
         raise invalid(f"invalid messages: {exc.errors()[0]['msg']}", "messages") from exc
+
+
+def _template_kwargs(req: CountTokensRequest) -> dict[str, Any]:
+    """`thinking` and `output_config.effort` as the chat template's variables."""
+    kwargs: dict[str, Any] = {}
+    kind = (req.thinking or {}).get("type")
+    if kind is not None:
+        if kind not in _THINKING_KWARG:
+            raise invalid(f"thinking.type must be 'enabled', 'adaptive' or 'disabled', not {kind!r}", "thinking.type")
+        kwargs["enable_thinking"] = _THINKING_KWARG[kind]
+    effort = (req.output_config or {}).get("effort")
+    if isinstance(effort, str):
+        kwargs["reasoning_effort"] = effort
+    return kwargs
 
 
 def _refuse_unsupported(req: CountTokensRequest) -> None:
@@ -145,6 +168,7 @@ def _message(message: dict, where: str) -> list[dict]:
     out: list[dict] = []
     texts: list[str] = []
     calls: list[dict] = []
+    thinking: list[str] = []
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         kind = _kind(block)
@@ -161,6 +185,8 @@ def _message(message: dict, where: str) -> list[dict]:
                 texts = []
             out.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at),
                         "content": _tool_result_text(block, at)})
+        elif kind == "thinking" and role == "assistant":
+            thinking.append(_string(block, "thinking", at, empty=True))
         elif kind in _SKIPPED_BLOCKS and role == "assistant":
             continue
         else:
@@ -169,6 +195,8 @@ def _message(message: dict, where: str) -> list[dict]:
         turn: dict = {"role": "assistant", "content": "".join(texts)}
         if calls:
             turn["tool_calls"] = calls
+        if any(thinking):
+            turn["reasoning_content"] = "\n".join(t for t in thinking if t)
         return [turn]
     if texts or not out:
         out.append({"role": "user", "content": "".join(texts)})

@@ -3,32 +3,33 @@ and `messages.create(stream=True)` (and Claude Code) read them:
 
     message_start (the message, no content yet), ping
     per content block: content_block_start, content_block_delta...
-                       (text_delta; input_json_delta for a tool_use's input),
-                       content_block_stop
+                       (thinking_delta for a thinking block; text_delta; input_json_delta
+                       for a tool_use's input), content_block_stop
     message_delta (stop_reason, stop_sequence, usage), message_stop
 
 An error once the stream has begun is one `error` event (errors.py), which ends it.
-The text and tool-call deltas come from the chat route's `ChoiceDeltas`, re-shaped
-into content blocks here."""
+The thinking, text and tool-call deltas come from the chat route's `ReasonedDeltas`,
+re-shaped into content blocks here."""
 from __future__ import annotations
 
 from switchyard.core.scheduling.request import RequestOutput
 
 from ..errors import GatewayError
 from ..openai.common import openai_finish_reason
-from ..openai.tool_output import ChoiceDeltas
+from ..openai.reasoning import ReasonedDeltas, reasoning_of
 from ..openai.tools import ToolPlan
 from ..pipeline import StreamRenderer
+from ..reasoning import ReasoningPlan
 from ..streaming import sse_event
 from .errors import error_event
-from .output import MessageFrame, matched_stop_sequence, new_id, stop_reason, text_block, usage
+from .output import MessageFrame, matched_stop_sequence, new_id, stop_reason, text_block, thinking_block, usage
 
 
 class MessageEvents(StreamRenderer):
     def __init__(self, frame: MessageFrame, tools: ToolPlan | None, num_prompt_tokens: int, context_bound: bool,
-                 stop_sequences: list[str], tokenizer):
+                 stop_sequences: list[str], tokenizer, reasoning: ReasoningPlan | None = None):
         self._frame = frame
-        self._deltas = ChoiceDeltas(tools)
+        self._deltas = ReasonedDeltas(reasoning, tools)
         self._num_prompt_tokens = num_prompt_tokens
         self._context_bound = context_bound
         self._stop_sequences = stop_sequences
@@ -46,7 +47,7 @@ class MessageEvents(StreamRenderer):
     def on_output(self, index: int, out: RequestOutput) -> list[str]:
         if len(self._stop_sequences) > 1:
             self._token_ids += out.new_token_ids
-        pairs = self._deltas.feed(out.new_text, None)
+        pairs = self._deltas.feed(out.new_text, out.new_token_ids, None)
         if out.finished:
             pairs += self._deltas.finish(openai_finish_reason(out.finish_reason))[0]
         events = [event for delta, _ in pairs for event in self._on_delta(delta)]
@@ -68,6 +69,10 @@ class MessageEvents(StreamRenderer):
 
     # -- content blocks ----------------------------------------------------------------------------
     def _on_delta(self, delta: dict) -> list[str]:
+        thinking = reasoning_of(delta)
+        if thinking is not None:
+            events = [] if self._open == "thinking" else self._start("thinking", thinking_block(""))
+            return events + [self._delta({"type": "thinking_delta", "thinking": thinking})]
         if "content" in delta:
             events = [] if self._open == "text" else self._start("text", text_block(""))
             return events + [self._delta({"type": "text_delta", "text": delta["content"]})]

@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: one prompt (the rendered conversation), n choices.
 
 A choice's message (text or tool calls) is built by tool_output.py, whole or as
-stream deltas; a grammar (response_format, tools) is compiled before anything is
-submitted, so that one the engine cannot honour is a 400 naming its field."""
+stream deltas, from the answer a reasoning model's thinking is split from (reasoning.py);
+a grammar (response_format, tools) is compiled before anything is submitted, so that one
+the engine cannot honour is a 400 naming its field."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,15 +16,17 @@ from switchyard.core.scheduling.request import RequestOutput
 from ..errors import SafeJSONResponse
 from ..models_registry import service_for
 from ..pipeline import Pipeline, off_loop
+from ..reasoning import plan_reasoning
 from ..structured import compiled
 from ..tokens import TokenStrings, token_strings
+from ..tool_parsers import served_tool_format
 from .common import (CachedTokens, ChunkBuilder, OpenAIChunkEvents, ResponseMeta, openai_finish_reason,
                      resolve_model, usage)
 from .logprobs import chat_logprob_entries
-from .messages import chat_prompt_ids
+from .messages import chat_prompt
 from .params import EnginePlan, chat_plan
+from .reasoning import ReasonedDeltas, reasoned_message
 from .schemas import ChatCompletionRequest
-from .tool_output import ChoiceDeltas, assistant_message
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,20 @@ async def submit_chat(service, req: ChatCompletionRequest) -> SubmittedChat:
     """Parse (one plan, SamplingParams built once), render and tokenize off the event
     loop, check the lengths, pre-compile the grammar, submit every sequence."""
     model = resolve_model(req.model, service.settings)
-    plan = chat_plan(req, service.settings, len(service.tokenizer))
-    prompt_ids = await off_loop(chat_prompt_ids, service, req, plan.tools)
+    plan = chat_plan(req, service.settings, len(service.tokenizer), served_tool_format(service))
+    plan, prompt_ids = await prepared_prompt(service, req, plan)
     params = plan.sequence_params(service, len(prompt_ids), "messages")
     if plan.params.grammar is not None:
         await compiled(service.client, plan.params.grammar, plan.grammar_param)
     streams = await service.submit_all([(prompt_ids, p) for p in params])
     return SubmittedChat(model, plan, prompt_ids, streams)
+
+
+async def prepared_prompt(service, req: ChatCompletionRequest, plan: EnginePlan) -> tuple[EnginePlan, list[int]]:
+    """The prompt rendered and tokenized off the event loop, and the plan for its output
+    (a reasoning model's: gateway/reasoning)."""
+    prompt_text, prompt_ids = await off_loop(chat_prompt, service, req, plan.tools)
+    return plan.reasoned(plan_reasoning(service, prompt_text, plan.params, req.skip_special_tokens)), prompt_ids
 
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request):
@@ -64,19 +74,23 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     completions = await pipeline.collect(admission, chat.streams, http_request)
     choices = [_choice(i, c, strings, chat.plan) for i, c in enumerate(completions)]
     extra = {"service_tier": "default"} if req.service_tier is not None else {}
-    body = meta.body(choices, usage=usage(len(chat.prompt_ids), sum(len(c.token_ids) for c in completions),
-                                          completions[0].num_cached_tokens), **extra)
+    body = meta.body([choice for choice, _ in choices],
+                     usage=usage(len(chat.prompt_ids), sum(len(c.token_ids) for c in completions),
+                                 completions[0].num_cached_tokens, sum(n for _, n in choices)), **extra)
     return SafeJSONResponse(body, headers={"x-request-id": meta.id})
 
 
-def _choice(index: int, completion, strings: TokenStrings, plan: EnginePlan) -> dict:
+def _choice(index: int, completion, strings: TokenStrings, plan: EnginePlan) -> tuple[dict, int]:
+    """A choice, and its number of reasoning tokens."""
     logprobs = None
     if plan.params.logprobs is not None:
         logprobs = {"content": chat_logprob_entries(strings, completion.token_ids, completion.logprobs or (),
                                                     completion.top_logprobs),
                     "refusal": None}
-    message, finish_reason = assistant_message(completion.text, openai_finish_reason(completion.finish_reason), plan.tools)
-    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    message, finish_reason, num_reasoning = reasoned_message(
+        plan.reasoning, completion.text, completion.token_ids, openai_finish_reason(completion.finish_reason),
+        plan.tools)
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}, num_reasoning
 
 
 class ChatChunks(ChunkBuilder):
@@ -90,10 +104,11 @@ class ChatChunks(ChunkBuilder):
         self._strings = strings
         self._want_logprobs = plan.params.logprobs is not None
         self._tools = plan.tools
+        self._reasoning = plan.reasoning
         self._num_prompt_tokens = num_prompt_tokens
         self._include_usage = include_usage or continuous_usage
         self._continuous_usage = continuous_usage
-        self._choices: dict[int, ChoiceDeltas] = {}
+        self._choices: dict[int, ReasonedDeltas] = {}
         self._num_output_tokens: dict[int, int] = {}
         self._cached = CachedTokens(plan.num_sequences)
 
@@ -103,9 +118,9 @@ class ChatChunks(ChunkBuilder):
         chunks = []
         choice = self._choices.get(index)
         if choice is None:
-            choice = self._choices[index] = ChoiceDeltas(self._tools)
+            choice = self._choices[index] = ReasonedDeltas(self._reasoning, self._tools)
             chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
-        deltas = choice.feed(out.new_text, self._logprob_entries(out))
+        deltas = choice.feed(out.new_text, out.new_token_ids, self._logprob_entries(out))
         finish_reason = None
         if out.finished:
             last, finish_reason = choice.finish(openai_finish_reason(out.finish_reason))
@@ -126,7 +141,8 @@ class ChatChunks(ChunkBuilder):
         return chat_logprob_entries(self._strings, out.new_token_ids, out.logprobs or (), out.top_logprobs)
 
     def _usage(self) -> dict:
-        return usage(self._num_prompt_tokens, sum(self._num_output_tokens.values()), self._cached.total)
+        return usage(self._num_prompt_tokens, sum(self._num_output_tokens.values()), self._cached.total,
+                     sum(choice.num_reasoning_tokens for choice in self._choices.values()))
 
     def _chunk(self, index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None):
         extra = {}

@@ -61,11 +61,16 @@ def openai_finish_reason(reason: FinishReason | None) -> str:
     return "length" if reason is FinishReason.LENGTH else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; `cached_tokens` are prompt tokens served from the prefix cache."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's usage object; `cached_tokens` are prompt tokens served from the prefix cache,
+    `reasoning_tokens` (chat) the completion tokens a reasoning model thought in."""
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 class CachedTokens:

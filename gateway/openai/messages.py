@@ -1,9 +1,15 @@
-"""Chat messages -> the chat template's input, and the rendered prompt's token ids."""
+"""Chat messages -> the chat template's input, and the rendered prompt's token ids.
+
+A reasoning model's template (gateway/reasoning) also gets the request's `reasoning_effort`
+and each earlier assistant turn's thinking apart from its answer (reasoning/history.py)."""
 from __future__ import annotations
 
 import json
 
 from ..errors import invalid
+from ..reasoning import served_format
+from ..reasoning.history import separated
+from ..tool_parsers import served_tool_format
 from .schemas import ChatCompletionRequest, ChatMessage, ContentPart
 from .tool_prompt import ToolRendering
 from .tools import ToolPlan
@@ -30,6 +36,9 @@ def _template_message(index: int, message: ChatMessage) -> dict:
     out: dict = {"role": role, "content": _content_text(message.content, param)}
     if message.refusal and not out["content"]:
         out["content"] = message.refusal
+    reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+    if reasoning is not None:
+        out["reasoning_content"] = reasoning
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
@@ -67,7 +76,13 @@ def _arguments(arguments: str | dict, param: str) -> dict:
 
 def chat_prompt_ids(service, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
     """The rendered conversation, tokenized (the template adds the special tokens)."""
-    return service.encode(chat_prompt_text(service, req, tools), add_special_tokens=False)
+    return chat_prompt(service, req, tools)[1]
+
+
+def chat_prompt(service, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> tuple[str, list[int]]:
+    """The rendered conversation and its token ids."""
+    text = chat_prompt_text(service, req, tools)
+    return text, service.encode(text, add_special_tokens=False)
 
 
 def chat_prompt_text(service, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> str:
@@ -78,8 +93,25 @@ def chat_prompt_text(service, req: ChatCompletionRequest, tools: ToolPlan | None
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
     if reserved:
         raise invalid(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
-    rendering = ToolRendering.for_template(getattr(service.tokenizer, "chat_template", None))
-    messages = rendering.messages(template_messages(req.messages), tools, req.tool_prompt)
+    reasoning = served_format(service)
+    _reasoning_effort(req.reasoning_effort, reasoning is not None, kwargs)
+    rendering = ToolRendering.for_template(getattr(service.tokenizer, "chat_template", None),
+                                           served_tool_format(service))
+    messages = rendering.messages(separated(reasoning, template_messages(req.messages)), tools, req.tool_prompt)
     if tools is not None and rendering.template_renders_tools:
         kwargs["tools"] = tools.definitions()
     return service.render_chat(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
+
+
+def _reasoning_effort(effort: str | None, reasons: bool, kwargs: dict) -> None:
+    """`reasoning_effort` (a word params.py checked) reaches a reasoning model's template
+    (gpt-oss's reads it, as vLLM passes it); a model that does not reason refuses any effort
+    but "none"."""
+    if effort is None:
+        return
+    if not reasons:
+        if effort != "none":
+            raise invalid("reasoning_effort is not supported: this model does not reason (no reasoning parser: "
+                          "see --reasoning-parser)", "reasoning_effort")
+        return
+    kwargs.setdefault("reasoning_effort", effort)

@@ -13,13 +13,16 @@ from switchyard.core.params import SamplingParams, ValidationError
 from switchyard.core.scheduling.request import sequence_seed
 
 from ..errors import ErrorKind, invalid
+from ..reasoning import ReasoningPlan
 from ..settings import ServerSettings
+from ..tool_parsers import ToolFormat
 from .formats import output_grammar
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .tools import ToolPlan, tool_plan
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _MAX_SEED = 2**63 - 1  # torch's generators take any seed in [-2**63, 2**64)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's words
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,14 @@ class EnginePlan:
     discard_output: bool = False  # completions echo with max_tokens 0: score the prompt only
     grammar_param: str | None = None  # the field that asked for params.grammar: compile errors name it
     tools: ToolPlan | None = None  # chat: tools the output may call
+    reasoning: ReasoningPlan | None = None  # chat: a reasoning model's thinking, split from its answer
+
+    def reasoned(self, reasoning: ReasoningPlan | None) -> EnginePlan:
+        """This plan for a reasoning model's output (gateway/reasoning): its grammar gated
+        to the answer, its thinking split out."""
+        if reasoning is None:
+            return self
+        return replace(self, params=reasoning.engine_params(self.params), reasoning=reasoning)
 
     def sequence_params(self, service, num_prompt_tokens: int, param: str) -> list[SamplingParams]:
         """The params of each sequence for a prompt of this length (lengths checked;
@@ -50,10 +61,12 @@ class EnginePlan:
 
 
 # -- chat ---------------------------------------------------------------------------------------
-def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: int) -> EnginePlan:
+def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: int,
+              tool_format: ToolFormat | None = None) -> EnginePlan:
+    """`tool_format`: the served model's own tool-call format (gateway/tool_parsers), if any."""
     _reject_unsupported_extras(req)
     _reject_unsupported_chat(req)
-    tools = tool_plan(req, settings)
+    tools = tool_plan(req, settings, tool_format)
     output = output_grammar(req, settings, req.response_format)
     grammar, grammar_param = (output.spec, output.param) if output else (None, None)
     tools_grammar = tools.grammar if tools is not None else None
@@ -68,13 +81,16 @@ def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: 
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = _sampling_params(req, settings, vocab_size, max_tokens, logprobs, param, grammar=grammar)
+    if tools is not None and tools.keeps_special_tokens:  # the format's markers must reach its parser
+        params = replace(params, skip_special_tokens=False)
     n = req.n or 1
     return EnginePlan(params, max_tokens, None, n, n, grammar_param=grammar_param, tools=tools)
 
 
 def _reject_unsupported_chat(req: ChatCompletionRequest) -> None:
-    if req.reasoning_effort not in (None, "none"):
-        raise invalid("reasoning_effort is not supported: this model does not reason", "reasoning_effort")
+    if req.reasoning_effort not in (None, *REASONING_EFFORTS):  # whether the model reasons: messages.py
+        raise invalid(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}; got {req.reasoning_effort!r}",
+                      "reasoning_effort")
     if req.modalities not in (None, ["text"]):
         raise invalid("only the text modality is supported", "modalities")
     if req.store:

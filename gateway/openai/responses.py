@@ -19,7 +19,7 @@ from .logprobs import chat_logprob_entries
 from .responses_output import ResponseFrame, output_items, responses_usage, status_of
 from .responses_request import ResponsesRequest, chat_request, responses_error
 from .responses_stream import ResponseEvents
-from .tool_output import assistant_message
+from .reasoning import reasoned_message
 
 
 async def create_response(req: ResponsesRequest, http_request: Request):
@@ -31,16 +31,18 @@ async def create_response(req: ResponsesRequest, http_request: Request):
     want_logprobs = chat.plan.params.logprobs is not None
     headers = {"x-request-id": frame.id}
     if req.stream:
-        events = ResponseEvents(frame, chat.plan.tools, strings, want_logprobs)
+        events = ResponseEvents(frame, chat.plan.tools, strings, want_logprobs, chat.plan.reasoning)
         return pipeline.stream(admission, chat.streams, events, headers)
     completion, = await pipeline.collect(admission, chat.streams, http_request)
-    message, _ = assistant_message(completion.text, openai_finish_reason(completion.finish_reason), chat.plan.tools)
+    message, _, num_reasoning = reasoned_message(chat.plan.reasoning, completion.text, completion.token_ids,
+                                                 openai_finish_reason(completion.finish_reason), chat.plan.tools)
     logprobs = None
     if want_logprobs:
         logprobs = chat_logprob_entries(strings, completion.token_ids, completion.logprobs or (),
                                         completion.top_logprobs)
     status = status_of(completion.finish_reason)
-    usage = responses_usage(len(chat.prompt_ids), len(completion.token_ids), completion.num_cached_tokens)
+    usage = responses_usage(len(chat.prompt_ids), len(completion.token_ids), completion.num_cached_tokens,
+                            num_reasoning)
     body = frame.body(status, output_items(message, status, logprobs, chat.plan.tools), usage)
     return SafeJSONResponse(body, headers=headers)
 

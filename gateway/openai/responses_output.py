@@ -1,5 +1,6 @@
 """Engine outputs as the Responses API shows them: a `response` object whose `output`
-holds a `message` item (`output_text` content) or `function_call` items.
+holds a `reasoning` item (a reasoning model's thinking, as `reasoning_text` content), then a
+`message` item (`output_text` content) or `function_call` items.
 
 The tool machinery is the chat route's (tool_output.py): a chat message or chat
 stream deltas are read and re-shaped into Responses items here, so a call is
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from switchyard.core.scheduling.request import FinishReason
 
+from .reasoning import reasoning_of
 from .responses_request import ResponsesRequest
 from .tools import ToolPlan
 
@@ -59,10 +61,20 @@ def status_of(reason: FinishReason | None) -> str:
     return "incomplete" if reason is FinishReason.LENGTH else "completed"
 
 
-def responses_usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+def responses_usage(input_tokens: int, output_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict:
+    """A reasoning model's thinking: its text as `reasoning_text` content (vLLM's shape), no summary."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [reasoning_part(text)] if status != "in_progress" else []}
+
+
+def reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def message_item(item_id: str, text: str, status: str, logprobs: list | None) -> dict:
@@ -80,11 +92,17 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str, st
 
 
 def output_items(message: dict, status: str, logprobs: list | None, tools: ToolPlan | None) -> list[dict]:
-    """A chat message (tool_output.assistant_message) as Responses output items."""
+    """A chat message (reasoning.reasoned_message) as Responses output items."""
+    reasoning = reasoning_of(message)
+    items = [reasoning_item(new_id("rs"), reasoning, status)] if reasoning else []
     calls = message.get("tool_calls")
     if calls:
-        return [function_call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
-                                   status) for c in calls]
+        if message.get("content"):  # the text a model wrote before its calls (a tool-call parser's)
+            items.append(message_item(new_id("msg"), message["content"], status, logprobs))
+        return items + [function_call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
+                                           status) for c in calls]
     if message.get("content") is None:  # a required call cut off before its name: nothing to show
-        return []
-    return [message_item(new_id("msg"), message["content"], status, logprobs)]
+        return items
+    if items and not message["content"]:  # all thinking (cut off before the answer)
+        return items
+    return items + [message_item(new_id("msg"), message["content"], status, logprobs)]

@@ -21,7 +21,7 @@ from ..errors import GatewayError, invalid
 from .schemas import ChatCompletionRequest
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_SKIPPED_ITEMS = ("reasoning",)  # a reasoning model's notes: nothing this model reads
+_REASONING_PARTS = ("reasoning_text", "summary_text")
 
 
 class ResponsesRequest(BaseModel):
@@ -110,12 +110,14 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
 
 def input_messages(items: str | list[dict]) -> list[dict]:
     """`input` as chat messages: text or message items, function calls as the assistant's
-    tool calls, their outputs as tool messages."""
+    tool calls, their outputs as tool messages; a reasoning item's text as the thinking
+    (`reasoning_content`) of the assistant turn that follows it."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not items:
         raise invalid("input must not be empty", "input")
     messages: list[dict] = []
+    thinking: list[str] = []  # reasoning items not yet given to an assistant turn
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         where = f"input.{i}"
@@ -125,17 +127,30 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where), "arguments": item.get("arguments") or "{}"}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not thinking:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                              "content": _text(item.get("output"), where)})
-        elif kind not in _SKIPPED_ITEMS:
-            raise invalid(f"input items of type {kind!r} are not supported (message, function_call and "
-                          "function_call_output are)", f"{where}.type")
+        elif kind == "reasoning":
+            thinking.append(_reasoning_text(item))
+            continue
+        else:
+            raise invalid(f"input items of type {kind!r} are not supported (message, function_call, "
+                          "function_call_output and reasoning are)", f"{where}.type")
+        if thinking and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = "\n".join(t for t in thinking if t)
+            thinking = []
     return messages
+
+
+def _reasoning_text(item: dict) -> str:
+    """A reasoning item's text: its `reasoning_text` content, else its summary."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(part.get("text") or "" for part in parts
+                   if isinstance(part, dict) and part.get("type") in _REASONING_PARTS)
 
 
 def _role(item: dict, where: str) -> str:

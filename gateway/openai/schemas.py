@@ -44,6 +44,9 @@ class ChatMessage(_Lenient):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    # an assistant turn's thinking, as this server returns it (vLLM's names): for the chat template
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     # assistant audio replies and deprecated function calls cannot be rendered
     audio: Any = None
     function_call: Any = None
@@ -123,8 +126,9 @@ class ChatCompletionRequest(SamplingFields):
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict | None = None
     prediction: dict | None = None  # a latency hint: the output is the same without it
-    # cannot be honoured by a text-only, non-reasoning local model
+    # reaches the chat template of a reasoning model (messages.py); refused for any other model
     reasoning_effort: str | None = None
+    # cannot be honoured by a text-only local model
     verbosity: str | None = None
     modalities: list[str] | None = None
     audio: dict | None = None

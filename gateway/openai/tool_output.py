@@ -6,11 +6,16 @@ of calls with `index`, id, type and name in the first delta of each call only, t
 arguments after it, in pieces as they are generated (named and required choices,
 whose grammars fix the shape; an `auto` answer is read when it is complete).
 
-The deprecated `functions` get `function_call` instead (one call, no id)."""
+The deprecated `functions` get `function_call` instead (one call, no id).
+
+A plan with a tool-call parser (the model's own format, gateway/tool_parsers) is read by
+it instead, in every mode: its text before a call is `content` (as vLLM answers), its calls
+stream as they are generated (`parse_output` / `CallStream` decide what is a call)."""
 from __future__ import annotations
 
 import uuid
 
+from ..tool_parsers import CallStream, parse_output
 from .call_scanner import CallScanner, scanned_calls
 from .tools import ParsedCall, ToolPlan, parse_calls
 
@@ -24,6 +29,8 @@ def new_call_id() -> str:
 
 def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> tuple[dict, str]:
     """The whole message of a choice, and its finish_reason."""
+    if _parsed(tools):
+        return _parsed_message(text, finish_reason, tools)
     calls = _calls(tools, text) if tools is not None and tools.calls else None
     if not calls:
         content = None if _cut_off_call(tools, finish_reason) else text
@@ -37,6 +44,26 @@ def assistant_message(text: str, finish_reason: str, tools: ToolPlan | None) -> 
     return message, _calls_finish_reason(tools, finish_reason)
 
 
+def _parsed(tools: ToolPlan | None) -> bool:
+    """Whether a tool-call parser reads the output (the model's own format, and calls possible)."""
+    return tools is not None and tools.calls and tools.parser is not None
+
+
+def _parsed_message(text: str, finish_reason: str, tools: ToolPlan) -> tuple[dict, str]:
+    """A whole output read by the plan's parser: its calls beside the text before them."""
+    out = parse_output(tools.parser, text, tools.parallel, tools.hidden, cut_off=finish_reason == "length")
+    if not out.calls:
+        content = None if _cut_off_call(tools, finish_reason) else out.content
+        return {"role": "assistant", "content": content, "refusal": None}, finish_reason
+    message: dict = {"role": "assistant", "content": out.content, "refusal": None}
+    if tools.legacy:
+        message["function_call"] = {"name": out.calls[0].name, "arguments": out.calls[0].arguments}
+    else:
+        message["tool_calls"] = [{"id": new_call_id(), "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in out.calls]
+    return message, _calls_finish_reason(tools, finish_reason)
+
+
 def _calls(tools: ToolPlan, text: str) -> list[ParsedCall] | None:
     """The calls `text` holds; for `required`, whose grammar allows nothing but calls, an
     output cut off before its first call's name holds none and is no text either."""
@@ -46,8 +73,10 @@ def _calls(tools: ToolPlan, text: str) -> list[ParsedCall] | None:
 
 
 def _cut_off_call(tools: ToolPlan | None, finish_reason: str) -> bool:
-    """A `required` output cut short before a whole call name: a JSON fragment, not an answer."""
-    return tools is not None and tools.mode == "required" and finish_reason == "length"
+    """A `required` output cut short before a whole call name: a JSON fragment, not an answer
+    (so is a named call's, in a parser's format: its grammar allows nothing but the call)."""
+    forced = ("required", "named") if tools is not None and tools.parser is not None else ("required",)
+    return tools is not None and tools.mode in forced and finish_reason == "length"
 
 
 def _calls_finish_reason(tools: ToolPlan, finish_reason: str) -> str:
@@ -73,6 +102,9 @@ class ChoiceDeltas:
         self._tools = tools
         if tools is None or not tools.calls:
             self._mode = "text"
+        elif tools.parser is not None:
+            self._mode = "parsed"
+            self._calls = CallStream(tools.parser, tools.parallel, tools.hidden)
         else:
             self._mode = {"named": "arguments", "required": "scanned"}.get(tools.mode, "undecided")
         self._scanner = CallScanner()
@@ -82,6 +114,8 @@ class ChoiceDeltas:
         self._started_call = False
 
     def feed(self, text: str, logprobs: list | None) -> list[tuple[dict, list | None]]:
+        if self._mode == "parsed":
+            return self._parsed_deltas(self._calls.feed(text), logprobs)
         if self._mode == "scanned":
             return self._scan(text, logprobs)
         if self._mode == "arguments":
@@ -99,6 +133,14 @@ class ChoiceDeltas:
     def finish(self, finish_reason: str) -> tuple[list[tuple[dict, list | None]], str]:
         if self._mode == "text":
             return [], finish_reason
+        if self._mode == "parsed":
+            events = self._calls.finish(cut_off=finish_reason == "length")
+            if not self._calls.num_calls and _cut_off_call(self._tools, finish_reason):
+                events = []  # a forced call cut short before its name: neither call nor text
+            deltas = self._parsed_deltas(events, None)
+            if self._calls.num_calls:
+                return deltas, _calls_finish_reason(self._tools, finish_reason)
+            return deltas, finish_reason
         if self._mode == "arguments":
             return self._start_named_call(), _calls_finish_reason(self._tools, finish_reason)
         text, logprobs = self._release()
@@ -139,6 +181,23 @@ class ChoiceDeltas:
                 deltas.append((self._arguments_delta(self._num_sent_calls - 1, value), None))
         if deltas:
             deltas[-1] = (deltas[-1][0], logprobs)
+        return deltas
+
+    def _parsed_deltas(self, events: list, logprobs: list | None) -> list[tuple[dict, list | None]]:
+        """A parser's events as deltas; log-probabilities held until a delta carries them."""
+        if logprobs is not None:
+            self._held_logprobs = (self._held_logprobs or []) + list(logprobs)
+        deltas = []
+        for event in events:
+            if event[0] == "content":
+                deltas.append(({"content": event[1]}, None))
+            elif event[0] == "call":
+                deltas.append((self._header_delta(event[1], event[2]), None))
+            else:
+                deltas.append((self._arguments_delta(event[1], event[2]), None))
+        if deltas and self._held_logprobs is not None:
+            deltas[-1] = (deltas[-1][0], self._held_logprobs)
+            self._held_logprobs = None
         return deltas
 
     def _hold(self, text: str, logprobs: list | None) -> None:

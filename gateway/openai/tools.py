@@ -13,6 +13,11 @@ ask of the engine and how to read its output.
 - named (`{"type": "function", "function": {"name"}}`, or TGI's bare name): a
   grammar forces that function's arguments object alone (vLLM's way): the model
   fills only the part it has to, and its text streams as the call's arguments.
+
+That is the JSON format, for a model whose chat template shows no tool format. A model
+served with a tool-call parser (gateway/tool_parsers: `--tool-call-parser`, or the one its
+template shows) is read in its own format instead: `auto` parses its calls wherever its
+answer holds them, and `required` / named force one call (or more) in that format.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from switchyard.core.grammar import GrammarSpec
 from ..errors import invalid
 from ..structured import check_enabled, checked_schema
 from ..settings import ServerSettings
+from ..tool_parsers import ToolFormat, ToolParser
 from .schemas import ChatCompletionRequest
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -46,6 +52,8 @@ class ToolPlan:
     legacy: bool  # asked with `functions`: answered with `function_call`
     param: str  # "tool_choice" or "function_call": what asks for a grammar
     tools_param: str  # "tools" or "functions": what a grammar that cannot compile comes from
+    parser: ToolParser | None = None  # the model's own format (gateway/tool_parsers); None: JSON
+    hidden: frozenset[str] = frozenset()  # special-token texts the format keeps but the client skips
 
     @property
     def calls(self) -> bool:
@@ -53,7 +61,15 @@ class ToolPlan:
         return self.mode != "none"
 
     @property
+    def keeps_special_tokens(self) -> bool:
+        """The format's markers are special tokens: the output keeps them (skip_special_tokens off)."""
+        return self.parser is not None and self.calls and self.parser.keeps_special_tokens
+
+    @property
     def grammar(self) -> GrammarSpec | None:
+        if self.parser is not None and self.mode in ("named", "required"):
+            tools = [self._tool(self.named)] if self.mode == "named" else list(self.tools)
+            return GrammarSpec.structural(self.parser.grammar(tools, self.parallel and self.mode == "required"))
         if self.mode == "named":
             return GrammarSpec.json_schema(self._tool(self.named).parameters)
         if self.mode != "required":
@@ -108,7 +124,9 @@ def _rebased(node, base: str):
     return node
 
 
-def tool_plan(req: ChatCompletionRequest, settings: ServerSettings) -> ToolPlan | None:
+def tool_plan(req: ChatCompletionRequest, settings: ServerSettings,
+              tool_format: ToolFormat | None = None) -> ToolPlan | None:
+    """The request's tools and choice; `tool_format`: the served model's own call format, if any."""
     if req.tools is not None and req.functions is not None:
         raise invalid("send tools or the deprecated functions, not both", "functions")
     legacy = req.functions is not None or (req.tools is None and req.function_call is not None)
@@ -129,7 +147,11 @@ def tool_plan(req: ChatCompletionRequest, settings: ServerSettings) -> ToolPlan 
     if mode in ("required", "named"):
         check_enabled(settings, choice_param)
     parallel = req.parallel_tool_calls is not False and not legacy
-    return ToolPlan(tools, mode, named, parallel, legacy, choice_param, tools_param)
+    parser = tool_format.for_tools(tools) if tool_format is not None else None
+    hidden = frozenset()
+    if parser is not None and parser.keeps_special_tokens and req.skip_special_tokens:
+        hidden = parser.context.special_texts - set(parser.special_markers)
+    return ToolPlan(tools, mode, named, parallel, legacy, choice_param, tools_param, parser, hidden)
 
 
 def _tool(index: int, raw: dict, param: str, legacy: bool) -> Tool:

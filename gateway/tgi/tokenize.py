@@ -20,6 +20,7 @@ from .body import json_object, parse
 from ..openai.messages import chat_prompt_text
 from ..openai.schemas import ChatCompletionRequest
 from ..openai.tools import tool_plan
+from ..tool_parsers import served_tool_format
 from .schemas import GenerateRequest
 
 router = APIRouter()
@@ -54,7 +55,7 @@ def simple_tokens(tokenizer, text: str, add_special_tokens: bool, keep_last: int
 def render(service: GenerationService, chat: ChatCompletionRequest) -> str:
     """The chat template applied to a chat request's messages (and tools), as
     /v1/chat/completions renders them."""
-    return chat_prompt_text(service, chat, tool_plan(chat, service.settings))
+    return chat_prompt_text(service, chat, tool_plan(chat, service.settings, served_tool_format(service)))
 
 
 @router.post("/tokenize", dependencies=[Depends(require_api_key)])
