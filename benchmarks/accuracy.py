@@ -243,9 +243,10 @@ def cpu_isa_levels() -> list[str]:
 
 
 def switchyard_logits(path: str, wins: list[list[int]], ctx: int, served: bool, isa: str,
-                      activations: str | None = None) -> tuple[list, dict]:
-    """Float32 logits [ctx - 1 - ctx // 2, vocab] of each window's scored positions, and what ran."""
-    from switchyard.core.config import EngineConfig, ModelConfig, SchedulerConfig
+                      activations: str | None = None, kv_cache_dtype: str = "auto") -> tuple[list, dict]:
+    """Float32 logits [ctx - 1 - ctx // 2, vocab] of each window's scored positions, and what ran.
+    kv_cache_dtype: what the KV cache stores (--kv-cache-dtype; benchmarks/kv_cache_dtype.py)."""
+    from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from switchyard.core.engine.core import EngineCore
     from switchyard.core.params import SamplingParams
     from switchyard.core.scheduling.request import Request
@@ -269,6 +270,8 @@ def switchyard_logits(path: str, wins: list[list[int]], ctx: int, served: bool, 
     model = ModelConfig(model=path, dtype="auto" if served else "float32", quantize=None if served else "none")
     config = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=max(2048, ctx)),
                           compile_decode=served)
+    if kv_cache_dtype != "auto":
+        config = dataclasses.replace(config, cache=CacheConfig(kv_cache_dtype=kv_cache_dtype))
     field = isa_field()
     if field is not None:
         config = dataclasses.replace(config, **{field: isa})
@@ -282,7 +285,7 @@ def switchyard_logits(path: str, wins: list[list[int]], ctx: int, served: bool, 
     engine = ScoringEngine(config)
     load_s = time.perf_counter() - t0
     info = dict(dtype=engine.config.model.dtype, quantize=engine.config.model.quantize, backend=engine.backend.name,
-                isa_ran=getattr(engine.config, field) if field else "auto (no ISA field)",
+                isa_ran=getattr(engine.config, field) if field else "auto (no ISA field)", kv_cache_dtype=kv_cache_dtype,
                 activations=getattr(engine.config, "quantized_activations", None), load_s=round(load_s, 1))
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=0)
     out = []

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .backend_contract import (DEFAULT_MEMORY_FRACTION, SINGLE_SHARD, AttentionKernel, AttentionMetadata,
-                               AttentionSpec, BackendInterface, Capabilities, Communicator, ProbeResult, ShardGroup,
+from .backend_contract import (DEFAULT_MEMORY_FRACTION, KV_CACHE_FORMATS, KV_SCALE_BYTES, SINGLE_SHARD,
+                               AttentionKernel, AttentionMetadata, AttentionSpec, BackendInterface, Capabilities, Communicator, ProbeResult, ShardGroup,
                                ShardInfo, ShardLauncher)
 from .config import EngineConfig
 
@@ -63,6 +63,6 @@ class Backend(BackendInterface):
         return None
 
 
-__all__ = ["DEFAULT_MEMORY_FRACTION", "SINGLE_SHARD", "AttentionKernel", "AttentionMetadata", "AttentionSpec",
+__all__ = ["DEFAULT_MEMORY_FRACTION", "KV_CACHE_FORMATS", "KV_SCALE_BYTES", "SINGLE_SHARD", "AttentionKernel", "AttentionMetadata", "AttentionSpec",
            "Backend", "BackendInterface", "Capabilities", "Communicator", "ProbeResult", "ShardGroup", "ShardInfo",
            "ShardLauncher"]

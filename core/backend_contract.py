@@ -20,6 +20,15 @@ from .config import CacheConfig, EngineConfig
 # Share of available_memory_bytes() the KV cache takes when CacheConfig.memory_fraction is None.
 DEFAULT_MEMORY_FRACTION = 0.3
 
+# The storage of each quantized --kv-cache-dtype (config.KV_CACHE_DTYPES other than "auto"). A
+# quantized cache holds, for every token and KV head, a row of head_dim one-byte codes followed by
+# the KV_SCALE_BYTES bytes of a float32 scale: value = code * scale, the code read as this dtype. The
+# cache tensor has the code's dtype (so its dtype names its format) and a last dimension of
+# head_dim + KV_SCALE_BYTES. core/kv/quantized.py computes codes and scales (absmax per row).
+KV_CACHE_FORMATS: dict[str, torch.dtype] = {"int8": torch.int8, "fp8_e4m3fn": torch.float8_e4m3fn,
+                                            "fp8_e5m2": torch.float8_e5m2}
+KV_SCALE_BYTES = 4
+
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -65,6 +74,12 @@ class Capabilities:
     # it rounds per block itself: `--dtype auto` serves them in float32, since wider activations
     # around the integer products cost no speed there and every machine then computes alike.
     integer_quantizations: tuple[str, ...] = ()
+    # The quantized KV caches (--kv-cache-dtype, KV_CACHE_FORMATS names) its attention kernels write
+    # and read; "auto" (the model's dtype) is always served, any other value is refused at start.
+    kv_cache_dtypes: tuple[str, ...] = ()
+    # Whether its runner hands back the final hidden states of pooling requests' tokens
+    # (ModelRunner.last_pooling_hidden, core/pooling): an embedding model is refused at start where not.
+    pooling: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,42 @@ class AttentionSpec:
     dtype: torch.dtype = torch.float32
     sliding_window: int | None = None  # attend to at most this many most recent keys
     soft_cap: float | None = None  # logits -> soft_cap * tanh(logits / soft_cap)
+    # What the KV cache stores: "auto" (dtype) or a KV_CACHE_FORMATS name (--kv-cache-dtype, set by
+    # the loader on every layer's spec).
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype != "auto":
+            if self.kv_cache_dtype not in KV_CACHE_FORMATS:
+                raise ValueError(f"KV cache dtype {self.kv_cache_dtype!r} is not one of "
+                                 f"auto, {', '.join(KV_CACHE_FORMATS)}")
+            if self.head_dim % KV_SCALE_BYTES:
+                raise ValueError(f"a quantized KV cache needs a head_dim that is a multiple of {KV_SCALE_BYTES} "
+                                 f"(its float32 scales stay aligned), got {self.head_dim}")
+
+    @property
+    def quantized_cache(self) -> bool:
+        return self.kv_cache_dtype != "auto"
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache tensor's dtype: the model's, or a quantized format's code."""
+        return KV_CACHE_FORMATS[self.kv_cache_dtype] if self.quantized_cache else self.dtype
+
+    @property
+    def cache_row(self) -> int:
+        """The cache's last dimension: head_dim, and a quantized cache's scale bytes after it."""
+        return self.head_dim + (KV_SCALE_BYTES if self.quantized_cache else 0)
+
+    @property
+    def cache_block_bytes(self) -> int:
+        """Bytes of one block of one layer's cache, keys and values."""
+        element = torch.empty((), dtype=self.cache_dtype).element_size()
+        return 2 * self.block_size * self.num_kv_heads * self.cache_row * element
+
+    def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """One layer's cache: [2, num_blocks, block_size, num_kv_heads, cache_row]."""
+        return (2, num_blocks, self.block_size, self.num_kv_heads, self.cache_row)
 
 
 @dataclass(frozen=True)
@@ -103,8 +154,9 @@ class AttentionMetadata:
 
 class AttentionKernel(ABC):
     """Paged attention for one layer shape. KV cache, per layer, indexed as
-    [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values); its memory
-    layout (strides) is the backend's, from Backend.allocate_kv_cache."""
+    [2, num_blocks, block_size, num_kv_heads, head_dim] (0 = keys, 1 = values), of spec.cache_dtype,
+    with the scale's bytes after each row's codes in a quantized cache (spec.cache_row,
+    KV_CACHE_FORMATS); its memory layout (strides) is the backend's, from Backend.allocate_kv_cache."""
 
     # True when forward() on a decode-only batch reads only the metadata's device tensors and
     # shapes (never its host tuples), so a graph-mode runner may capture and replay its launches.
@@ -233,8 +285,8 @@ class BackendInterface(ABC):
         return max(2, min(cache.max_auto_blocks, budget // bytes_per_block))
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
-        shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        return [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(num_layers)]
+        return [torch.zeros(spec.cache_shape(num_blocks), dtype=spec.cache_dtype, device=self.device)
+                for _ in range(num_layers)]
 
     @abstractmethod
     def communicator(self) -> Communicator | None:

@@ -10,9 +10,10 @@ Called once when an engine starts, before anything is loaded:
   (Capabilities.unshardable_reason) are refused (one line);
 - a `quantize` the backend does not declare is refused (one line), and so is any `quantize`
   with tensor parallelism (quantized weights are loaded whole, core/layers/linear.py);
-- a dtype or KV block size outside the declared lists is refused (BackendCapabilityError, one
-  line naming the backend, the value asked and the values it supports): running it anyway
-  would fail later inside a kernel, or silently compute something else;
+- a dtype, KV block size or KV cache dtype (--kv-cache-dtype other than auto) outside the declared
+  lists is refused (BackendCapabilityError, one line naming the backend, the value asked and the
+  values it supports): running it anyway would fail later inside a kernel, or silently compute
+  something else;
 - prefix caching or mixed prefill/decode steps, asked of a backend that declares it cannot do
   them, are turned off with one logged line (as vLLM does for prefix caching): both are
   optimisations, and the engine serves the same tokens without them;
@@ -89,6 +90,10 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if block_size not in caps.block_sizes:
         raise BackendCapabilityError(f"backend {backend!r} does not support KV block size {block_size}; "
                                      f"it supports: {_listed(caps.block_sizes)}")
+    kv_cache_dtype = config.cache.kv_cache_dtype
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in caps.kv_cache_dtypes:
+        raise BackendCapabilityError(f"backend {backend!r} does not support --kv-cache-dtype {kv_cache_dtype}; "
+                                     f"it supports: {_listed(('auto', *caps.kv_cache_dtypes))}")
     if config.cache.enable_prefix_caching and not caps.prefix_caching:
         logger.info("prefix caching off: backend %r does not support it", backend)
         config = replace(config, cache=replace(config.cache, enable_prefix_caching=False))

@@ -40,11 +40,26 @@ class ModelConfig:
     model_impl: str = "auto"
     # Run a checkpoint's own modeling code (config.auto_map) from its local directory.
     trust_remote_code: bool = False
+    # How the model is served (--task, vLLM's): "generate", "embed" (a pooling model: one vector
+    # per prompt, core/pooling) or "auto" (the model's files decide: core/pooling/decide.py).
+    task: str = "auto"
+    # Under "embed": how the prompt's hidden states are pooled, "last" | "mean" | "cls", over what
+    # the model's files say (--pooling); None = theirs.
+    pooling: str | None = None
+
+
+# --kv-cache-dtype values (TGI's names for float8, llama.cpp's q8_0 in spirit for int8): "auto" stores
+# the KV cache in the model's dtype; the others store one-byte codes with a float32 scale per token
+# and KV head (core/backend_contract.py KV_CACHE_FORMATS: the layout; core/kv/quantized.py: the
+# arithmetic). A backend declares those it reads (Capabilities.kv_cache_dtypes).
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3fn", "fp8_e5m2")
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
+    # What the KV cache stores (--kv-cache-dtype, one of KV_CACHE_DTYPES).
+    kv_cache_dtype: str = "auto"
     # KV capacity in blocks (--num-kv-blocks, --max-batch-total-tokens); None = sized at warm-up by
     # the backend: the CPU from what the configuration needs (core/kv/sizing.py), device backends
     # from a fraction of their memory.
@@ -62,6 +77,10 @@ class CacheConfig:
     # None = not known yet.
     usable_tokens: int | None = None
     context_tokens: int | None = None
+    # Bytes of one KV block (every layer) in the model's dtype, set with usable_tokens: the automatic
+    # budget is that many tokens' bytes at this size, so a quantized cache holds more tokens in it;
+    # None = the cache's own bytes per block.
+    model_dtype_block_bytes: int | None = None
     # Upper bound of blocks when sizing automatically (keeps a CPU process polite; CUDA ignores it).
     max_auto_blocks: int = 16384
     # Hash full prompt blocks and reuse them across requests (--disable-prefix-caching turns it off).
@@ -80,6 +99,9 @@ class SchedulerConfig:
     # --waiting-served-ratio), or after max_waiting_tokens - 1 decode steps in a row (TGI
     # --max-waiting-tokens), or when nothing can decode.
     mixed_prefill_decode: bool = True
+    # False: a prompt is computed whole in one step, never in chunks (an encoder's tokens attend
+    # to the whole prompt; set by the engine for such models, core/pooling/serving.py).
+    chunk_prompts: bool = True
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
 

@@ -12,7 +12,8 @@ from .engine.core import EngineCore
 from .loader import load_hf_tokenizer
 from .engine.output_processor import OutputProcessor
 from .params import SamplingParams, ValidationError
-from .scheduling.request import FinishReason, Request, sequence_seed
+from .pooling.params import PoolingParams
+from .scheduling.request import FinishReason, Request, pooling_request, sequence_seed
 
 
 TextCallback = Callable[[int, int, str], None]  # (prompt index, sample index, new text)
@@ -56,24 +57,29 @@ class LLM:
     def __init__(self, model: str | None = None, backend: str | None = None, *, dtype: str = "float32",
                  quantize: str | None = None, load_format: str = "auto", max_model_len: int | None = None,
                  block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None, max_num_seqs: int = 256,
+                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None, kv_cache_dtype: str = "auto",
+                 max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, seed: int = 0, enable_prefix_caching: bool = True,
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
                  parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None,
-                 isa: str = "auto", compile_decode: bool = False, quantized_activations: str = "int8x2"):
+                 isa: str = "auto", compile_decode: bool = False, quantized_activations: str = "int8x2",
+                 task: str = "auto", pooling: str | None = None):
         """`chat_template`: a Jinja file's path or template text, for a model without one.
         `isa`: the instruction-set level the backend's kernels run at (EngineConfig.isa);
         `compile_decode`: run steps the way a server does (EngineConfig.compile_decode);
-        `quantized_activations`: EngineConfig.quantized_activations.
+        `quantized_activations`: EngineConfig.quantized_activations;
+        `kv_cache_dtype`: what the KV cache stores (CacheConfig.kv_cache_dtype: auto, int8, fp8_e4m3fn, fp8_e5m2).
         `speculative`: speculative decoding (core/spec), e.g. SpeculativeConfig(num_speculative_tokens=4), or
-        with a draft model SpeculativeConfig(num_speculative_tokens=4, method="draft", draft_model=PATH)."""
+        with a draft model SpeculativeConfig(num_speculative_tokens=4, method="draft", draft_model=PATH).
+        `task`, `pooling`: how the model is served (ModelConfig.task: "generate", "embed" for `embed()`,
+        or "auto") and how an embedding model pools (ModelConfig.pooling)."""
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, quantize=quantize, load_format=load_format, seed=seed,
                               max_model_len=max_model_len, chat_template=chat_template, model_impl=model_impl,
-                              trust_remote_code=trust_remote_code),
+                              trust_remote_code=trust_remote_code, task=task, pooling=pooling),
             cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
-                              enable_prefix_caching=enable_prefix_caching),
+                              kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
             backend=backend, grammar=grammar or GrammarConfig(),
             parallel=parallel or ParallelConfig(tensor_parallel_size=tensor_parallel_size),
@@ -113,6 +119,30 @@ class LLM:
         texts = [render_chat(self.tokenizer, c, add_generation_prompt) for c in conversations]
         token_lists = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return self._run(texts, token_lists, params, on_text)
+
+    def embed(self, prompts: str | list[str] | list[list[int]], dimensions: int | None = None,
+              normalize: bool | None = None) -> list[list[float]]:
+        """One embedding per prompt (text or token ids), for a model served for embeddings
+        (`task="embed"`, or one whose files say so): pooled as the model says (core/pooling),
+        cut to `dimensions` (Matryoshka models) and normalised as the model or `normalize` says."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = PoolingParams(dimensions=dimensions, normalize=normalize)
+        ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        try:
+            for request_id, prompt in zip(ids, prompts):
+                tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                self.engine.add_request(pooling_request(request_id, tokens, params))
+        except ValidationError:  # all or nothing: withdraw the prompts already queued
+            for request_id in ids:
+                self.engine.finish_request(request_id, FinishReason.ABORT)
+            raise
+        embeddings: dict[str, list[float]] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.embedding is not None:
+                    embeddings[out.request_id] = out.embedding.tolist()
+        return [embeddings[request_id] for request_id in ids]
 
     def _run(self, texts: list[str | None], token_lists: list[list[int]],
              params: SamplingParams | list[SamplingParams] | None,

@@ -56,7 +56,7 @@ logger = logging.getLogger("switchyard.models")
 _DEFAULT_NAMES = ("", "default", "tgi", "dummy")
 MODEL_HEADER = "x-model"  # TGI routes: the model named in this header, or in ?model=
 _FILE_KEYS = {"name", "source", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens", "priority",
-              "cpus"}
+              "cpus", "task", "pooling"}
 PRIORITIES = ("normal", "background")
 
 
@@ -260,7 +260,7 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
             raise ValidationError(f"--models {path}: model {item['name']!r} has unknown keys "
                                   f"{', '.join(sorted(unknown))} (known: {', '.join(sorted(_FILE_KEYS))})")
         model = replace(config.model, model=item.get("source", item["name"]), dtype=item.get("dtype", config.model.dtype),
-                        quantize=item.get("quantize", config.model.quantize))
+                        quantize=item.get("quantize", config.model.quantize), **_task_keys(item, config, path))
         shards = int(item.get("shards", config.parallel.tensor_parallel_size))
         parallel = replace(config.parallel, tensor_parallel_size=shards)
         if "cpus" in item:
@@ -276,6 +276,18 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
                                                      serve_in_background=priority == "background"),
                                int(item.get("replicas", replicas))))
     return specs
+
+
+def _task_keys(item: dict, config: EngineConfig, path: str) -> dict:
+    """A models file entry's `task` (generate, embed, auto) and `pooling` (last, mean, cls): how that
+    model is served (core/pooling/decide.py), over --task and --pooling."""
+    from switchyard.core.pooling.spec import POOLING_METHODS, TASKS
+
+    task, pooling = item.get("task", config.model.task), item.get("pooling", config.model.pooling)
+    if task not in TASKS or (pooling is not None and pooling not in POOLING_METHODS):
+        raise ValidationError(f"--models {path}: model {item['name']!r} has task {task!r} / pooling {pooling!r} "
+                              f"(task: one of {', '.join(TASKS)}; pooling: one of {', '.join(POOLING_METHODS)})")
+    return {"task": task, "pooling": pooling}
 
 
 def parse_cpus(value, where: str) -> tuple[int, ...]:

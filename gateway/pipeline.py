@@ -9,7 +9,9 @@ format; between the two, this pipeline does the rest:
     -> answer: collect every sequence (a disconnect aborts them), or stream events
        from a `StreamRenderer` (a disconnect or an error ends the stream cleanly)
 
-The admission slot is released exactly once, with the outcome (metrics)."""
+The admission slot is released exactly once, with the outcome (metrics). A generation pipeline
+on a model served for embeddings is refused first (400), before any template or tokenizer runs;
+embeddings (gateway/embeddings.py) take the pipeline with `embeddings=True`."""
 from __future__ import annotations
 
 import asyncio
@@ -65,14 +67,21 @@ class StreamRenderer:
 
 
 class Pipeline:
-    def __init__(self, service: GenerationService):
+    def __init__(self, service: GenerationService, embeddings: bool = False):
         self.service = service
+        self.embeddings = embeddings  # pooling requests (gateway/embeddings.py checks the model); else generation
 
     async def start(self, prepare: Callable[[], Awaitable]):
         """Take a concurrency slot (429 past the limit), then run `prepare` (parse,
         tokenize, check, submit); the slot is released if that fails. Returns
         (admission, what prepare returned)."""
         admission = self.service.admit()
+        if not self.embeddings:
+            try:
+                self.service.require_generation()
+            except GatewayError as exc:
+                admission.release(exc)
+                raise
         try:
             with child_span("validation"):
                 prepared = await prepare()

@@ -44,8 +44,8 @@ _SERVE_FLAGS = [
     ("--max-batch-prefill-tokens", ("MAX_BATCH_PREFILL_TOKENS",), int, 2048, "token budget of one step"),
     ("--max-batch-total-tokens", ("MAX_BATCH_TOTAL_TOKENS",), int, None,
      "KV cache capacity in tokens (default: CPU, what --max-batch-size requests of the whole context can hold, "
-     "at most 16,384 tokens (or one whole-context request) or --kv-cache-memory; GPU, what "
-     "--cuda-memory-fraction leaves)"),
+     "at most 16,384 tokens' bytes in the model's dtype (or one whole-context request) or --kv-cache-memory; "
+     "GPU, what --cuda-memory-fraction leaves; a quantized --kv-cache-dtype holds more in either)"),
     ("--max-batch-size", ("MAX_BATCH_SIZE",), int, 256, "most requests in the running batch"),
     ("--max-stop-sequences", ("MAX_STOP_SEQUENCES",), int, 4, "most stop sequences per request"),
     ("--max-top-n-tokens", ("MAX_TOP_N_TOKENS",), int, 5, "most top_n_tokens / top_logprobs"),
@@ -144,12 +144,21 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str])
     from .speculate_flags import add_speculate_flags
 
     add_speculate_flags(parser, environ)
+    from .task_flags import add_task_flags
+
+    add_task_flags(parser, environ)
     from .tracing import add_tracing_flags
 
     add_tracing_flags(parser, environ)
     from .ray_flags import add_ray_flags
 
     add_ray_flags(parser, environ)
+    from .reasoning.flags import add_reasoning_flags
+
+    add_reasoning_flags(parser, environ)
+    from .tool_parsers.flags import add_tool_parser_flags
+
+    add_tool_parser_flags(parser, environ)
 
 
 def _check_supported(args: argparse.Namespace) -> None:
@@ -183,7 +192,7 @@ def engine_config(args: argparse.Namespace):
     if num_blocks is None and args.max_batch_total_tokens is not None:
         num_blocks = _num_blocks_within(args.max_batch_total_tokens, block_size)
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_fraction=args.cuda_memory_fraction,
-                        kv_cache_memory=args.kv_cache_memory,
+                        kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
                         enable_prefix_caching=not args.disable_prefix_caching)
     return EngineConfig(
         # vLLM's --enforce-eager: no prepared decode steps of any kind (CUDA graphs, CPU C++ layers or graphs)
@@ -193,7 +202,7 @@ def engine_config(args: argparse.Namespace):
                           revision=args.revision,
                           max_model_len=args.max_model_len or args.max_total_tokens,
                           chat_template=args.chat_template, model_impl=args.model_impl,
-                          trust_remote_code=args.trust_remote_code),
+                          trust_remote_code=args.trust_remote_code, **_task_options(args)),
         cache=cache,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_batch_prefill_tokens,
                                   max_num_seqs=args.max_batch_size, waiting_served_ratio=args.waiting_served_ratio,
@@ -220,6 +229,12 @@ def _ray_parallel_options(args: argparse.Namespace) -> dict:
     from .ray_flags import ray_parallel_options
 
     return ray_parallel_options(args)
+
+
+def _task_options(args: argparse.Namespace) -> dict:
+    from .task_flags import task_options
+
+    return task_options(args)
 
 
 def _speculative_config(args: argparse.Namespace):
@@ -263,7 +278,20 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         cors_allow_origin=tuple(args.cors_allow_origin), payload_limit=args.payload_limit,
         json_output=args.json_output, disable_grammar_support=args.disable_grammar_support,
         graceful_shutdown_s=args.graceful_shutdown_timeout, grpc_port=args.grpc_port, version=_version(),
-        tracing=_tracing_config(args))
+        tracing=_tracing_config(args), reasoning_parser=_reasoning_parser(args),
+        tool_call_parser=_tool_call_parser(args))
+
+
+def _reasoning_parser(args: argparse.Namespace) -> str:
+    from .reasoning.flags import reasoning_parser
+
+    return reasoning_parser(args)
+
+
+def _tool_call_parser(args: argparse.Namespace) -> str:
+    from .tool_parsers.flags import tool_call_parser
+
+    return tool_call_parser(args)
 
 
 def _version() -> str:

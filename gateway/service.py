@@ -12,7 +12,8 @@ from switchyard.core.text.chat_template import ChatTemplateError, render_chat
 from switchyard.core.engine.client import EngineClient, EngineDeadError, RequestStream
 from switchyard.core.grammar import GrammarUnavailable
 from switchyard.core.params import SamplingParams, ValidationError
-from switchyard.core.scheduling.request import FinishReason, Request, RequestOutput
+from switchyard.core.pooling.params import PoolingParams
+from switchyard.core.scheduling.request import FinishReason, Request, RequestOutput, pooling_request
 
 from .errors import ErrorKind, GatewayError
 from .metrics import Metrics
@@ -141,6 +142,13 @@ class GenerationService:
         if not self.client.ready:
             raise GatewayError(ErrorKind.UNAVAILABLE, "the model is still loading")
 
+    def require_generation(self) -> None:
+        """A 400 when the model is served for embeddings (core/pooling): it generates no text."""
+        info = self.client.info
+        if info is not None and info.pooling is not None:
+            raise GatewayError(ErrorKind.VALIDATION, f"model `{self.settings.model_id}` is served for embeddings "
+                               "(--task embed): it does not generate text; ask /v1/embeddings or /embed", "model")
+
     def engine_stopped(self) -> GatewayError:
         """The engine died or failed to load: the server is exiting (a supervisor restarts it)."""
         return GatewayError(ErrorKind.UNAVAILABLE, f"the engine stopped: {self.client.failure}")
@@ -188,6 +196,14 @@ class GenerationService:
         return await self._add([Request(f"{base}-{i}", list(ids), params, share_group=base)
                                 for i, (ids, params) in enumerate(prompts)], arrival_time)
 
+    async def submit_pooling(self, prompts: list[list[int]], params: PoolingParams,
+                             arrival_time: float | None = None) -> list[RequestStream]:
+        """Submit one pooling (embedding) request per prompt in one engine command; all or none.
+        No share group: each prompt is its own, and a pooling request shares no block."""
+        base = uuid.uuid4().hex
+        return await self._add([pooling_request(f"{base}-{i}", ids, params) for i, ids in enumerate(prompts)],
+                               arrival_time)
+
     async def _add(self, requests: list[Request], arrival_time: float | None) -> list[RequestStream]:
         for request in requests:
             if arrival_time is not None:
@@ -205,7 +221,7 @@ class GenerationService:
             raise engine_error(exc) from exc
         for request in requests:
             self.metrics.request_input_length.observe(request.num_prompt_tokens)
-            if request.sampling_params.max_tokens is not None:
+            if request.pooling is None and request.sampling_params.max_tokens is not None:
                 self.metrics.request_max_new_tokens.observe(request.sampling_params.max_tokens)
         return streams
 
@@ -234,6 +250,27 @@ class GenerationService:
                           tuple(logprobs) if last.logprobs is not None else None,
                           tuple(top) if last.top_logprobs is not None else None,
                           last.num_prompt_tokens, last.stop_reason, prompt_logprobs, last.num_cached_tokens)
+
+    async def collect_pooled(self, streams: list[RequestStream]) -> list[RequestOutput]:
+        """Each pooling request's one output (its embedding), in order; aborts what is left if
+        one fails or the caller is cancelled."""
+        async def one(stream: RequestStream) -> RequestOutput:
+            last = None
+            try:
+                async for out in stream:
+                    last = out
+            except (EngineDeadError, ValidationError) as exc:
+                raise engine_error(exc) from exc
+            if last is None or last.embedding is None:
+                raise GatewayError(ErrorKind.GENERATION, "the engine returned no embedding")
+            self.record(stream, last)
+            return last
+
+        try:
+            return list(await asyncio.gather(*(one(s) for s in streams)))
+        finally:
+            for stream in streams:
+                stream.abort()
 
     async def collect_all(self, streams: list[RequestStream]) -> list[Completion]:
         try:

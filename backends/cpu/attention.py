@@ -19,6 +19,11 @@ against k [B, Hkv, L, D]), which needs no K/V expansion; in bf16 a group of seve
 short decodes takes a batched-matmul path instead of SDPA (see `_attend_decodes`).
 Prompt chunks use SDPA with `enable_gqa`. With a soft cap SDPA cannot be used; an
 explicit float32 matmul-softmax path takes over.
+
+A quantized cache (--kv-cache-dtype: one-byte codes and a float32 scale per token and head,
+core/kv/quantized.py) is written with quantize_rows' bytes; the C++ kernel reads its codes in
+place, and the gather path gathers its rows and turns them into values (dequantize_rows) before
+attending.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from switchyard.core.backend import AttentionKernel, AttentionMetadata, AttentionSpec
+from switchyard.core.kv.quantized import dequantize_rows, is_quantized, write_rows
 
 from . import compiled_attention
 from .extension import PagedDecode
@@ -212,9 +218,12 @@ class CpuAttentionKernel(AttentionKernel):
         if torch.compiler.is_compiling():  # traced by the compiled decode runner: one opaque op
             torch.ops.switchyard_cpu.write_kv(key, value, kv_cache, meta.slot_mapping)
             return
+        slots = meta.slot_mapping if meta.slot_mapping.dtype == torch.long else meta.slot_mapping.long()
+        if is_quantized(kv_cache):
+            write_rows(key, value, kv_cache, slots)
+            return
         _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
         flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
-        slots = meta.slot_mapping if meta.slot_mapping.dtype == torch.long else meta.slot_mapping.long()
         flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
         flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
 
@@ -224,7 +233,8 @@ class CpuAttentionKernel(AttentionKernel):
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if meta.num_requests == 0:
             return out
-        _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+        _, _, block_size, num_kv_heads, _ = kv_cache.shape
+        head_dim = self.spec.head_dim  # a quantized cache's rows are longer (its scales)
         in_place = self._decode.serves(meta.num_decodes)
         if in_place:
             self._decodes_in_place(self._decode.op, query, kv_cache, meta, out)
@@ -262,11 +272,16 @@ class CpuAttentionKernel(AttentionKernel):
             self.spec.soft_cap or 0.0, self._decode.op_name)
 
     def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """[2, N, bs, Hkv, D]: the blocks' keys and values, in a reused scratch buffer."""
-        gathered = self._plans.scratch((2, block_ids.numel(), *kv_cache.shape[2:]), kv_cache.dtype,
+        """[2, N, bs, Hkv, D]: the blocks' keys and values, in a reused scratch buffer (a quantized
+        cache's rows gathered as bytes, then turned into values of `dtype`)."""
+        quantized = is_quantized(kv_cache)
+        source = kv_cache.view(torch.uint8) if quantized else kv_cache  # index_select takes no float8
+        gathered = self._plans.scratch((2, block_ids.numel(), *kv_cache.shape[2:]), source.dtype,
                                        kv_cache.device)
-        torch.index_select(kv_cache[0], 0, block_ids, out=gathered[0])
-        torch.index_select(kv_cache[1], 0, block_ids, out=gathered[1])
+        torch.index_select(source[0], 0, block_ids, out=gathered[0])
+        torch.index_select(source[1], 0, block_ids, out=gathered[1])
+        if quantized:
+            return dequantize_rows(gathered, kv_cache.dtype, dtype)
         return gathered if gathered.dtype == dtype else gathered.to(dtype)
 
     def _attend_decodes(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,6 @@
 """The embedded default backend: always usable, plain torch on the host CPU."""
 from __future__ import annotations
 
-import math
 import mmap
 import os
 
@@ -143,7 +142,9 @@ class CpuBackend(ProcessGroupShards, Backend):
                             decode_row_cost=0.15,
                             isa_levels=tuple((level, preferred_dtype(level_flags(level))) for level in isa_levels()),
                             # block formats: integer products against int8 activations (quant.py)
-                            integer_quantizations=("gguf", "int4"))
+                            integer_quantizations=("gguf", "int4"),
+                            # every path reads and writes them: the C++ decode kernel and layers, the gather path
+                            kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"))
 
     def process_environment(self, config) -> dict[str, str]:
         """The tuned runtime of runtime.py (allocator, Intel OpenMP, threads, binding when the
@@ -286,8 +287,7 @@ class CpuBackend(ProcessGroupShards, Backend):
         blocks, and masked slots must hold finite values. (numpy's zeros, used before, advise
         buffers over 4 MiB into 2 MiB huge pages: the warm-up's one request made ~60 MB of the
         default model's cache resident, 2 MiB per layer.)"""
-        shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        nbytes = math.prod(shape) * torch.empty((), dtype=spec.dtype).element_size()
+        shape, nbytes = spec.cache_shape(num_blocks), num_blocks * spec.cache_block_bytes
         check_fits(KVCacheSize(num_blocks, spec.block_size, nbytes * num_layers), self.available_memory_bytes())
-        return [torch.frombuffer(_small_pages(nbytes), dtype=torch.uint8).view(spec.dtype).view(shape)
+        return [torch.frombuffer(_small_pages(nbytes), dtype=torch.uint8).view(spec.cache_dtype).view(shape)
                 for _ in range(num_layers)]

@@ -13,6 +13,9 @@ instead of Python that reads the step's host metadata (which a graph would freez
   kernel (extension.py), which reads only these tensors; `kernel` names that op
   ("namespace::paged_decode"): every build has its own namespace.
 
+A quantized cache (--kv-cache-dtype) is written as core/kv/quantized.py's rows and read by the
+same kernel, which takes the query in its own dtype then.
+
 Both have fake implementations, so dynamo and inductor see shapes, not data. The eager
 path of the kernel shares `decode_in_place` with the op.
 """
@@ -23,16 +26,20 @@ from typing import Callable
 
 import torch
 
+from switchyard.core.kv.quantized import is_quantized, write_rows
+
 
 def decode_in_place(op: Callable[..., None], query: torch.Tensor, kv_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int,
                     soft_cap: float, out: torch.Tensor) -> None:
     """One call of the C++ kernel for the rows of `query` (one decode each), written into out.
-    The kernel computes in the cache's dtype; query and out are converted around it."""
-    if query.dtype != kv_cache.dtype or query.stride(-1) != 1:
-        query = query.to(kv_cache.dtype).contiguous()
-    same_dtype = out.dtype == kv_cache.dtype
-    target = out if same_dtype else torch.empty(query.shape, dtype=kv_cache.dtype)
+    The kernel computes in the cache's dtype (over a quantized cache, the query's); query and out
+    are converted around it."""
+    dtype = query.dtype if is_quantized(kv_cache) else kv_cache.dtype
+    if query.dtype != dtype or query.stride(-1) != 1:
+        query = query.to(dtype).contiguous()
+    same_dtype = out.dtype == dtype
+    target = out if same_dtype else torch.empty(query.shape, dtype=dtype)
     op(target, query, kv_cache, block_table.to(torch.int32), seq_lens.to(torch.int32), scale, window, soft_cap)
     if not same_dtype:
         out.copy_(target)
@@ -48,12 +55,15 @@ def resolve_kernel(qualified_name: str) -> Callable[..., None]:
 @torch.library.custom_op("switchyard_cpu::write_kv", mutates_args=("kv_cache",))
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """key/value [T, Hkv, D] into kv_cache [2, blocks, block_size, Hkv, D] at slot_mapping [T]."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     slots = slot_mapping.long()
     keep = slots >= 0
     if not bool(keep.all()):  # padding rows come last and write nothing
         key, value, slots = key[keep], value[keep], slots[keep]
+    if is_quantized(kv_cache):
+        write_rows(key, value, kv_cache, slots)
+        return
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
     flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
 

@@ -80,7 +80,9 @@ class CudaBackend(ProcessGroupShards, Backend):
                             quantizations=served_by(self.name),
                             # a verify step's tokens are decode rows (core/execution/runner.py decodes_by_row), run
                             # eagerly: the decode graphs take steps of one token per request
-                            multi_token_decode=True)
+                            multi_token_decode=True,
+                            # the Triton kernels write and read them (flash-attn is not chosen for them)
+                            kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"))
 
     @property
     def device(self) -> torch.device:

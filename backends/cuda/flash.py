@@ -2,7 +2,8 @@
 
 Upstream flash-attn 2 reads a paged KV cache of [num_blocks, block_size, kv_heads,
 head_dim] (our layer cache's halves, as they are) through a block table, but only
-for block sizes that are multiples of 256 and fp16/bf16 data; anything else falls
+for block sizes that are multiples of 256 and fp16/bf16 data (not a quantized cache,
+--kv-cache-dtype); anything else falls
 back to the Triton paged attention kernel, and the choice and its reason are
 recorded (and printed by `switchyard backends`).
 """
@@ -56,6 +57,8 @@ def choose_attention(spec: AttentionSpec, flash_attn=None) -> AttentionChoice:
         unfit.append(f"it needs fp16/bf16, got {spec.dtype}")
     if spec.head_dim > FLASH_MAX_HEAD_DIM:
         unfit.append(f"head_dim {spec.head_dim} > {FLASH_MAX_HEAD_DIM}")
+    if spec.quantized_cache:
+        unfit.append(f"it reads no {spec.kv_cache_dtype} KV cache (--kv-cache-dtype)")
     if unfit:
         return AttentionChoice("triton", f"triton paged attention (flash_attn {version} installed, but "
                                          + "; ".join(unfit) + ")")

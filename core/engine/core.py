@@ -17,16 +17,18 @@ from ..kv import BlockPool, KVCacheManager
 from ..loader import load_hf_tokenizer
 from ..params import ValidationError
 from ..plugins import select_backend
+from ..pooling.pooler import Pooler
+from ..pooling.serving import check_served
 from ..scheduling.request import EngineCoreOutput, FinishReason, Request, decide_finish
 from ..execution.sampling import Sampler, SampleRow, make_generator, prompt_token_logprobs
 from ..scheduling.scheduler import Scheduler
 from ..scheduling.output import SchedulerOutput
 from ..text.serving_tokenizer import ServingTokenizer
-from ..kv.sizing import KVCacheSize
 from ..spec.verify import VerifyPlan, rewind
 from ..spec.build import build_speculator
 from ..spec.draft import check_draft_model
-from .shard_worker import ShardSet, build_shard_model, kv_bytes_per_block, num_kv_blocks_for  # noqa: F401 - re-export
+from .shard_worker import (ShardSet, build_shard_model, kv_bytes_per_block, kv_cache_size,  # noqa: F401 - re-export
+                           num_kv_blocks_for)
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +56,11 @@ class EngineCore:
                 raise self.shards.terminated(exc) from exc
             raise
         self.loaded, num_blocks, self.runner = built.loaded, built.num_blocks, built.runner
+        self.config = config = built.config  # a pooling model's serving (core/pooling/serving.py)
+        self.pooler = Pooler(self.loaded.pooling) if self.loaded.pooling is not None else None  # embeddings
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids, config.speculative.num_speculative_tokens,
-                               self.backend.kernel_isa())
+                               self.backend.kernel_isa(), pooling=self.loaded.pooling)
         # constrained requests speculate too: their matchers roll back over k proposals
         self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids,
                                                config.speculative.num_speculative_tokens)
@@ -76,8 +80,7 @@ class EngineCore:
                                                      cpus=config.parallel.cpus)
         # constrained requests whose grammar is still compiling: held here, out of the scheduler
         self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
-        kv = KVCacheSize(num_blocks, block_size, num_blocks * kv_bytes_per_block(self.loaded),
-                         str(self.loaded.attention_spec.dtype).removeprefix("torch."))
+        kv = kv_cache_size(self.loaded, num_blocks)
         logger.info("engine ready: backend=%s, %s%s", self.backend.name, kv.describe(),
                     " on each shard (its heads)" if self.shards.sharded else "")
         if self.info.max_batch_total_tokens < self.info.max_model_len:
@@ -90,6 +93,7 @@ class EngineCore:
         A constrained request whose grammar is cached (or failed to compile: GrammarError)
         is settled at once; otherwise it waits here, off the step, until its grammar is
         compiled, and a failure then comes back as its output's `error`."""
+        check_served(request, self.info.pooling)  # embeddings to a pooling model, generation to the others
         request.max_model_len = min(request.max_model_len, self.info.max_model_len)
         if not request.eos_token_ids:
             request.eos_token_ids = self.info.eos_token_ids
@@ -108,7 +112,7 @@ class EngineCore:
     def _queue(self, request: Request, compiled=None) -> None:
         self.scheduler.add_request(request)
         if compiled is not None:
-            self.constrained.add(request.request_id, compiled)
+            self.constrained.add(request.request_id, compiled, request.sampling_params.grammar.gate)
         if not request.sampling_params.greedy and request.sampling_params.seed is not None:
             self._generators[request.request_id] = make_generator(request.sampling_params.seed,
                                                                   self.backend.device)
@@ -119,6 +123,8 @@ class EngineCore:
         self.scheduler.finish_request(request_id, reason)
         self._generators.pop(request_id, None)
         self._prompt_logprobs.pop(request_id, None)
+        if self.pooler is not None:
+            self.pooler.forget(request_id)
 
     def check_health(self) -> None:
         """Raises ShardTerminated (core/errors.py) if one of the engine's shard processes has
@@ -146,10 +152,12 @@ class EngineCore:
         logits, request_ids = self.shards.execute(self.runner, scheduler_output)
         if self.runner.last_prompt_logits:
             self._score_prompt_chunks(scheduler_output)
+        pooled = [] if self.pooler is None else self.pooler.step(  # before update() forgets them
+            scheduler_output.scheduled, self.runner.last_pooling_hidden, self.scheduler.get_request)
         if not request_ids:
             self.scheduler.update(scheduler_output, {})
-            return failed
-        outputs = self._sample_and_update(scheduler_output, logits, request_ids)
+            return failed + pooled
+        outputs = self._sample_and_update(scheduler_output, logits, request_ids) + pooled
         speculator = self.scheduler.speculator
         if speculator is not None and decode_rows_only(scheduler_output):  # what a row costs (core/spec/cost.py)
             speculator.observe_step(scheduler_output.num_batched_tokens, time.perf_counter() - started)

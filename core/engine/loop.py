@@ -95,11 +95,16 @@ class EngineLoop:
         long as a chat turn's, decodes of two requests side by side, and the allocations of both
         (the shapes a first request meets; measured by benchmarks/first_requests.py)."""
         from ..params import SamplingParams
+        from ..pooling.params import PoolingParams
+        from ..scheduling.request import pooling_request
 
         length = max(1, min(WARM_UP_PROMPT_TOKENS, self.engine.info.max_model_len - 8))
         ids = ((self.tokenizer.encode("Warm-up") or [0]) * length)[:length]
         for i in range(2):
             prompt = ids[:max(1, length - 8 * i)]
+            if self.engine.info.pooling is not None:  # an embedding model: two prompts pooled side by side
+                self.engine.add_request(pooling_request(f"warm-up-{i}", prompt, PoolingParams()))
+                continue
             self.engine.add_request(Request(f"warm-up-{i}", prompt, SamplingParams(max_tokens=4, temperature=0.0,
                                                                                    ignore_eos=True)))
         while self.engine.has_unfinished_requests():
@@ -225,8 +230,9 @@ class EngineLoop:
         last = self.engine.last_scheduler_output
         scheduled = last.scheduled if last is not None else ()
         num_tokens = sum(s.num_new_tokens for s in scheduled)
-        # a decode verifying k proposed tokens (core/spec) computes 1 + k tokens, none of them prompt
-        decodes = [s for s in scheduled if s.num_new_tokens == 1 or s.num_draft_tokens]
+        # a decode verifying k proposed tokens (core/spec) computes 1 + k tokens, none of them prompt; a
+        # pooling request's one-token prompt (core/pooling) is prompt
+        decodes = [s for s in scheduled if (s.num_new_tokens == 1 and not s.pools) or s.num_draft_tokens]
         num_decodes = len(decodes)
         num_decode_tokens = sum(s.num_new_tokens for s in decodes)
         return StepStats(

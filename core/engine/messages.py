@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 from ..errors import EngineDeadError
+from ..pooling.spec import PoolingSpec
 from ..scheduling.request import Request, RequestOutput
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     speculate: int = 0  # proposed tokens a decode may verify per step (0: no speculative decoding)
     isa: str = ""  # the instruction-set level the backend's kernels run at (Backend.kernel_isa)
+    # served for embeddings: how the model pools (core/pooling/spec.py); None: it generates
+    pooling: PoolingSpec | None = None
 
     @property
     def max_batch_total_tokens(self) -> int:

@@ -1,4 +1,5 @@
-"""Turns token-level engine outputs into text deltas; applies stop strings."""
+"""Turns token-level engine outputs into text deltas; applies stop strings. A pooling request's
+one output (its embedding, core/pooling) passes through: it has no text."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from ..text.tokenizer import IncrementalDetokenizer
 
 
 class _RequestState:
-    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer):
+    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None):
         self.request = request
         self.detokenizer = detokenizer
         self.num_output_tokens = 0
@@ -25,6 +26,9 @@ class OutputProcessor:
         self._states: dict[str, _RequestState] = {}
 
     def add_request(self, request: Request) -> None:
+        if request.pooling is not None:
+            self._states[request.request_id] = _RequestState(request, None)
+            return
         params = request.sampling_params
         detokenizer = IncrementalDetokenizer(self._tokenizer, request.prompt_token_ids, params.skip_special_tokens,
                                              params.stop, params.include_stop_str_in_output)
@@ -38,6 +42,10 @@ class OutputProcessor:
         for out in outputs:
             state = self._states.get(out.request_id)
             if state is None:  # aborted while its step ran
+                continue
+            if state.detokenizer is None:  # a pooling request: its one output, finished
+                del self._states[out.request_id]
+                results.append(_pooled(state.request, out))
                 continue
             text = state.detokenizer.update(out.new_token_ids, finished=out.finish_reason is not None)
             stop_string = FinishReason.STOP_STRING if state.detokenizer.stop_string_hit is not None else None
@@ -58,6 +66,13 @@ class OutputProcessor:
                 num_cached_tokens=state.request.num_cached_tokens,
                 prompt_logprobs=out.prompt_logprobs, error=out.error))
         return results
+
+
+def _pooled(request: Request, out: EngineCoreOutput) -> RequestOutput:
+    return RequestOutput(request_id=out.request_id, new_token_ids=(), new_text="", finished=True,
+                         finish_reason=out.finish_reason, num_prompt_tokens=request.num_prompt_tokens,
+                         num_output_tokens=0, first_scheduled_time=request.first_scheduled_time,
+                         error=out.error, embedding=out.embedding)
 
 
 def _truncated(out: EngineCoreOutput, num_tokens: int) -> EngineCoreOutput:

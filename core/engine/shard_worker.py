@@ -11,18 +11,17 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, replace
 
 from ..backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo, ShardLauncher
 from ..config import EXECUTOR_BACKENDS, CacheConfig, EngineConfig
 from ..shards.distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
 from ..errors import ShardTerminated
-from ..kv.sizing import with_usable_tokens
+from ..kv.sizing import KVCacheSize, with_usable_tokens
 from ..loader import LoadedModel, choose_model, load_model
 from ..memory import drop_mapped_weight_pages, release_freed_memory
 from ..models import check_shardable
+from ..pooling.serving import serving_config
 from ..execution.runner import ModelRunner, runner_for
 from ..scheduling.output import SchedulerOutput
 
@@ -33,10 +32,22 @@ FAILURE_GRACE_S = 5.0
 
 
 def kv_bytes_per_block(loaded: LoadedModel) -> int:
-    """One KV block's keys and values over every layer, in bytes."""
+    """One KV block's keys and values over every layer, in bytes (of the cache's dtype: a quantized
+    one's codes and scales, AttentionSpec.cache_block_bytes)."""
+    return loaded.num_layers * loaded.attention_spec.cache_block_bytes
+
+
+def model_dtype_block_bytes(loaded: LoadedModel) -> int:
+    """kv_bytes_per_block of the same cache in the model's dtype (--kv-cache-dtype auto)."""
+    return loaded.num_layers * replace(loaded.attention_spec, kv_cache_dtype="auto").cache_block_bytes
+
+
+def kv_cache_size(loaded: LoadedModel, num_blocks: int) -> KVCacheSize:
+    """The allocated cache as the start line describes it: its bytes and what it stores (the
+    model's dtype, or --kv-cache-dtype's format)."""
     spec = loaded.attention_spec
-    return (2 * loaded.num_layers * spec.block_size * spec.num_kv_heads * spec.head_dim
-            * torch.empty((), dtype=spec.dtype).element_size())
+    stored = spec.kv_cache_dtype if spec.quantized_cache else str(spec.dtype).removeprefix("torch.")
+    return KVCacheSize(num_blocks, spec.block_size, num_blocks * kv_bytes_per_block(loaded), stored)
 
 
 def num_kv_blocks_for(cache: CacheConfig, loaded: LoadedModel, backend: Backend) -> int:
@@ -51,6 +62,7 @@ class ShardModel:
     loaded: LoadedModel
     num_blocks: int  # the same on every shard: the smallest any of them can hold
     runner: ModelRunner
+    config: EngineConfig  # what the engine serves the loaded model with (core/pooling/serving.py)
 
 
 def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo = SINGLE_SHARD) -> ShardModel:
@@ -60,17 +72,20 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
     if shard.sharded:
         config = broadcast_object(config if shard.rank == 0 else None)
     loaded = load_model(config.model, backend, config.cache.block_size, shard=shard,
-                        communicator=backend.communicator() if shard.sharded else None)
+                        communicator=backend.communicator() if shard.sharded else None,
+                        kv_cache_dtype=config.cache.kv_cache_dtype)
+    config = serving_config(config, loaded, backend.name, backend.capabilities().pooling)  # a pooling model's
     drop_mapped_weight_pages()  # what reading read: a copied matrix's (a fused projection's) pages
     backend.prepare_model(loaded, config)
     drop_mapped_weight_pages()  # what packing read of a still-mapped file (a GGUF embedding's rows) leaves RSS
     backend.profile_run(loaded, config)
     num_blocks = num_kv_blocks_for(with_usable_tokens(config.cache, config.scheduler.max_num_seqs,
-                                                      loaded.max_model_len), loaded, backend)
+                                                      loaded.max_model_len, model_dtype_block_bytes(loaded)),
+                                   loaded, backend)
     if shard.sharded:
         num_blocks = min_across_shards(num_blocks)
     kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)
-    return ShardModel(loaded, num_blocks, runner_for(backend, loaded, kv_caches, config))
+    return ShardModel(loaded, num_blocks, runner_for(backend, loaded, kv_caches, config), config)
 
 
 def run_shard(shard: ShardInfo, config: EngineConfig, backend_name: str) -> None:

@@ -97,10 +97,11 @@ class DecodeBuffers:
 
 
 def decode_only(scheduler_output: SchedulerOutput) -> bool:
-    """Whether a graph can run this step: every request one new token, and none scores its prompt
-    (graphs return the logits of the last token of each row only)."""
+    """Whether a graph can run this step: every request one new token, none scores its prompt
+    and none pools (graphs return the logits of the last token of each row only)."""
     scheduled = scheduler_output.scheduled
-    return bool(scheduled) and not any(len(s.token_ids) != 1 or s.computes_prompt_logprobs for s in scheduled)
+    return bool(scheduled) and not any(len(s.token_ids) != 1 or s.computes_prompt_logprobs or s.pools
+                                       for s in scheduled)
 
 
 def decode_rows_only(scheduler_output: SchedulerOutput) -> bool:
@@ -108,7 +109,7 @@ def decode_rows_only(scheduler_output: SchedulerOutput) -> bool:
     decodes_by_row: a decode, or a decode verifying proposed tokens) and none scores its
     prompt: a kernel that runs a batch of one-token decodes runs the step."""
     return bool(scheduler_output.scheduled) and all(decodes_by_row(s) and not s.computes_prompt_logprobs
-                                                    for s in scheduler_output.scheduled)
+                                                    and not s.pools for s in scheduler_output.scheduled)
 
 
 def sampling_rows(scheduled: tuple[ScheduledRequest, ...], logits: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]:
@@ -154,4 +155,5 @@ class BucketedDecodeRunner(ModelRunner):
         self.buffers.stage(scheduled, batch)
         logits = self.run_bucket(batch)
         self.last_prompt_logits = {}  # a decode-only step scores no prompt tokens
+        self.last_pooling_hidden = {}  # ... and pools none (decode_only)
         return sampling_rows(scheduled, logits)

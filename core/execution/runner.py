@@ -20,6 +20,8 @@ class StepInput:
     sampling_request_ids: tuple[str, ...]  # the S requests that sample, in the order of their rows
     # (request id, first flat token index, count) of positions whose logits score prompt tokens
     prompt_logits_spans: tuple[tuple[str, int, int], ...] = ()
+    # (request id, first flat token index, count) of every token of each pooling request (core/pooling)
+    pooling_spans: tuple[tuple[str, int, int], ...] = ()
 
 
 def decodes_by_row(s: ScheduledRequest) -> bool:
@@ -60,6 +62,7 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     logits_indices: list[int] = []
     sampling_ids: list[str] = []
     prompt_spans: list[tuple[str, int, int]] = []
+    pooling_spans: list[tuple[str, int, int]] = []
     num_decodes = 0
     rows: list[ScheduledRequest] = []  # the request of each attention row
     for s in ordered:
@@ -84,6 +87,8 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
             count = n - 1 if s.samples else n
             if count > 0:
                 prompt_spans.append((s.request_id, first, count))
+        if s.pools:
+            pooling_spans.append((s.request_id, first, n))
     max_blocks = max(-(-length // block_size) for length in seq_lens)
     table = [list(s.block_ids[:max_blocks]) + [0] * (max_blocks - min(len(s.block_ids), max_blocks))
              for s in rows]
@@ -99,7 +104,8 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device), meta=meta,
         logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
-        sampling_request_ids=tuple(sampling_ids), prompt_logits_spans=tuple(prompt_spans))
+        sampling_request_ids=tuple(sampling_ids), prompt_logits_spans=tuple(prompt_spans),
+        pooling_spans=tuple(pooling_spans))
 
 
 def _slots(block_ids: tuple[int, ...], start: int, stop: int, block_size: int) -> list[int]:
@@ -125,6 +131,9 @@ class ModelRunner:
         # request id -> float32 logits [n, vocab] of the positions that scored prompt
         # tokens in the last step (see ScheduledRequest.computes_prompt_logprobs)
         self.last_prompt_logits: dict[str, torch.Tensor] = {}
+        # request id -> final hidden states [n, hidden] of a pooling request's tokens in the last
+        # step (ScheduledRequest.pools), which the engine's pooler reduces (core/pooling/pooler.py)
+        self.last_pooling_hidden: dict[str, torch.Tensor] = {}
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
@@ -134,6 +143,7 @@ class ModelRunner:
         hidden = self.forward(step)
         self.last_prompt_logits = {rid: self.model.compute_logits(hidden[start:start + count])
                                    for rid, start, count in step.prompt_logits_spans}
+        self.last_pooling_hidden = {rid: hidden[start:start + count] for rid, start, count in step.pooling_spans}
         if not step.sampling_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32), ()
         logits = self.model.compute_logits(hidden[step.logits_indices])

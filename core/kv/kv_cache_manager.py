@@ -14,6 +14,8 @@ A waiting request first takes the longest run of cached full blocks
 tokens come from the cache, block-aligned, so the last token is always computed
 (its logits are needed) and nobody ever writes into a shared block.
 
+Pooling requests (core/pooling) hash no block: they neither look up nor share.
+
 With prefix caching off, only requests of one share group (the n / best_of
 sequences of a prompt) hash their blocks, salted with the group, and a block's
 hash is dropped as soon as no request holds it: siblings share live blocks and
@@ -53,7 +55,12 @@ class KVCacheManager:
         return self.block_pool.num_usable_blocks * self.block_size
 
     def hashes_blocks(self, request: Request) -> bool:
-        """Whether the request's full blocks are hashed (looked up and shared)."""
+        """Whether the request's full blocks are hashed (looked up and shared). A pooling
+        request's never are: it reads the hidden state of positions a cached block would skip
+        (mean, CLS pooling), an encoder writes no keys and values, and its blocks are freed
+        in the step that pools it."""
+        if request.pooling is not None:
+            return False
         return self.enable_prefix_caching or request.share_group is not None
 
     def _salt(self, request: Request) -> str | None:

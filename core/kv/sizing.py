@@ -7,16 +7,19 @@ later got 1,680 tokens, and nothing said so.) The rule, decided here once:
 
 - `CacheConfig.num_blocks` (--max-batch-total-tokens, --num-kv-blocks) when given, as it is;
 - else what the configuration can hold at once (`usable_tokens`: max_num_seqs x max_model_len),
-  at most DEFAULT_KV_TOKENS tokens or one whole-context request if that is more (as vLLM and
-  TGI insist, a request of the served context must fit), or, with `kv_cache_memory`
-  (--kv-cache-memory), at most that many bytes instead;
+  at most the bytes DEFAULT_KV_TOKENS tokens take in the model's dtype, or one whole-context
+  request if that is more (as vLLM and TGI insist, a request of the served context must fit), or,
+  with `kv_cache_memory` (--kv-cache-memory), at most that many bytes instead; either budget
+  holds about 3.8x the tokens in a quantized cache (--kv-cache-dtype int8 or fp8: one byte a
+  value and a 4-byte scale a row, against float32's four a value);
 - a cache that does not fit in the memory available is refused, in one line (check_fits).
 
 Peers: llama-server holds one context (-c, 4,096 tokens by default in most builds; 0 = the
 model's) shared by its slots; vLLM on the CPU takes a fixed KV space (VLLM_CPU_KVCACHE_SPACE,
 4 GiB by default). 16,384 tokens is four llama-server contexts, or two whole 8k-context
 requests of the default model, whose cache is then 0.76 GB in float32 (0.38 GB in bfloat16;
-the cache has the model's dtype). The pages are handed out on first touch, so the RSS grows
+the cache has the model's dtype unless --kv-cache-dtype says otherwise; in int8 or fp8 the same
+0.76 GB holds 61,680 tokens). The pages are handed out on first touch, so the RSS grows
 to that as the blocks are used. Device backends keep their fraction-of-memory rule.
 
 Pure Python: the command line parses --kv-cache-memory with parse_memory_size before torch
@@ -55,10 +58,13 @@ def parse_memory_size(text: str) -> int:
     return size
 
 
-def with_usable_tokens(cache: CacheConfig, max_num_seqs: int, max_model_len: int) -> CacheConfig:
+def with_usable_tokens(cache: CacheConfig, max_num_seqs: int, max_model_len: int,
+                       model_dtype_block_bytes: int | None = None) -> CacheConfig:
     """`cache` knowing what the configuration can hold: max_num_seqs x max_model_len at once,
-    max_model_len in one request."""
-    return replace(cache, usable_tokens=max_num_seqs * max_model_len, context_tokens=max_model_len)
+    max_model_len in one request; and what a block takes in the model's dtype (the automatic
+    budget's unit, which a quantized cache packs into fewer bytes)."""
+    return replace(cache, usable_tokens=max_num_seqs * max_model_len, context_tokens=max_model_len,
+                   model_dtype_block_bytes=model_dtype_block_bytes)
 
 
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
@@ -74,8 +80,10 @@ def blocks_from_configuration(bytes_per_block: int, cache: CacheConfig) -> int:
         if usable is not None:
             blocks = min(blocks, blocks_for_tokens(usable, cache.block_size))
     else:
-        limit = max(DEFAULT_KV_TOKENS, cache.context_tokens or 0)
-        blocks = blocks_for_tokens(limit if usable is None else min(usable, limit), cache.block_size)
+        limit = blocks_for_tokens(max(DEFAULT_KV_TOKENS, cache.context_tokens or 0), cache.block_size)
+        if cache.model_dtype_block_bytes is not None:  # those blocks' bytes in the model's dtype, in this cache's
+            limit = (limit - 1) * cache.model_dtype_block_bytes // bytes_per_block + 1
+        blocks = limit if usable is None else min(limit, blocks_for_tokens(usable, cache.block_size))
     return max(2, min(cache.max_auto_blocks, blocks))
 
 

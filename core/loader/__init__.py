@@ -2,8 +2,9 @@
 (Hugging Face directory or cache name, GGUF file, the default model, dummy).
 
 It reads as a straight pipeline, each stage deciding once and handing its result down:
-1. `plan_load`: resolve the source (source.py), read the config, choose the code that runs the
-   model (models/__init__.py) and the quantization method its weights are served in
+1. `plan_load`: resolve the source (source.py), read the config, decide how the model is served
+   (generation or embeddings, core/pooling/decide.py), choose the code that runs the model
+   (models/__init__.py) and the quantization method its weights are served in
    (quant/choice.py) - a `LoadPlan`, with no weight read;
 2. build the model on the backend's device, weights not loaded (`_build_model`);
 3. `open_weights`: one reader for the plan's format - the GGUF file's blocks packed
@@ -20,13 +21,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 
-from ..backend_contract import SINGLE_SHARD, AttentionSpec, BackendInterface, Communicator, ShardInfo
+from ..backend_contract import (SINGLE_SHARD, AttentionKernel, AttentionSpec, BackendInterface, Communicator,
+                                ShardInfo)
 from ..text.chat_template import apply_chat_template
 from ..config import ModelConfig
 from ..layers.parallel import TensorParallel
@@ -38,7 +41,9 @@ from .gguf_packed import GGUFPackedWeights
 from ..models.base import CausalLM
 from ..models.plain_config import read_plain_config
 from ..text.serving_tokenizer import ServingTokenizer
-from ..models import ModelChoice, UnsupportedModelError, check_shardable, select_model, supported_summary
+from ..models import ModelChoice, UnsupportedModelError, check_shardable, is_encoder, select_model, supported_summary
+from ..pooling.decide import decide_pooling
+from ..pooling.spec import PoolingSpec
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
@@ -64,6 +69,7 @@ class LoadedModel:
     dtype: torch.dtype
     source: ModelSource
     model_impl: str = "native"  # "native" | "transformers": which path runs it (models/__init__.py)
+    pooling: PoolingSpec | None = None  # served for embeddings: how it pools (core/pooling); None: generation
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -94,11 +100,16 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
 
 
 def choose_model(model_config: ModelConfig) -> tuple[ModelSource, Any, ModelChoice]:
-    """Where the model comes from, its config, and which path runs it; an architecture
-    no path runs raises UnsupportedModelError. Cheap: no weights are read."""
+    """Where the model comes from, its config, how it is served (`--task`: its choice's
+    `pooling`) and which path runs it; an architecture no path runs raises
+    UnsupportedModelError. Cheap: no weights are read."""
     source = resolve_source(model_config)
     hf_config = load_config(source, model_config.trust_remote_code)
-    return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code)
+    pooling = decide_pooling(model_config.task, model_config.pooling, hf_config, is_encoder(hf_config),
+                             directory=source.path if source.kind == "safetensors" else None,
+                             gguf_file=source.gguf_file)
+    return source, hf_config, select_model(hf_config, model_config.model_impl, model_config.trust_remote_code,
+                                           pooling)
 
 
 def served_quantization(model_config: ModelConfig, sharded: bool = False,
@@ -142,14 +153,17 @@ def plan_load(model_config: ModelConfig, backend_methods: tuple[str, ...] = ("gg
 
 
 def load_model(model_config: ModelConfig, backend: BackendInterface, block_size: int, shard: ShardInfo = SINGLE_SHARD,
-               communicator: Communicator | None = None) -> LoadedModel:
+               communicator: Communicator | None = None, kv_cache_dtype: str = "auto") -> LoadedModel:
     """The model on the backend's device, weights loaded, eval mode. shard.sharded: this
     shard's slice (its heads, MLP and vocabulary slices; attention_spec with its head
-    counts), collectives through `communicator`; the logits stay [N, vocab] on every shard."""
+    counts), collectives through `communicator`; the logits stay [N, vocab] on every shard.
+    kv_cache_dtype (CacheConfig.kv_cache_dtype): what every layer's spec, and so its kernel and
+    its cache, stores."""
     plan = plan_load(model_config, backend.capabilities().quantizations, shard)
     tp = TensorParallel(shard.rank, shard.world_size, communicator) if shard.sharded else TensorParallel()
-    model, choice = _build_model(plan.choice, plan.hf_config, model_config.model_impl, backend, block_size,
-                                 plan.dtype, tp)
+    make_kernel = _kernel_factory(backend, kv_cache_dtype)
+    model, choice = _build_model(plan.choice, plan.hf_config, model_config.model_impl, make_kernel, backend.device,
+                                 block_size, plan.dtype, tp)
     logger.info("model %s%s", choice.describe(), f", shard {shard.rank} of {shard.world_size}" if tp.sharded else "")
     if plan.source.load_format == "dummy":
         fill_dummy_weights(model, model_config.seed, per_name=tp.sharded)
@@ -161,33 +175,42 @@ def load_model(model_config: ModelConfig, backend: BackendInterface, block_size:
         raise QuantizeError(f"--quantize {plan.quantize}: model {choice.describe()} has no linear this engine "
                             "quantizes")
     model.eval()
-    specs = tuple(model.attention_specs)
-    max_model_len = _max_model_len(model_config, plan.hf_config)
+    specs = tuple(replace(spec, kv_cache_dtype=kv_cache_dtype) for spec in model.attention_specs)
+    max_model_len = _max_model_len(model_config, plan.hf_config, type(model))
     model.fit_context(max_model_len)  # e.g. longrope picks its factors for the served context
     return LoadedModel(model=model, hf_config=plan.hf_config, attention_spec=specs[0], attention_specs=specs,
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(plan.source, plan.hf_config),
                        max_model_len=max_model_len, vocab_size=plan.hf_config.vocab_size, dtype=plan.dtype,
-                       source=plan.source, model_impl=choice.impl)
+                       source=plan.source, model_impl=choice.impl, pooling=choice.pooling)
 
 
-def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str, backend: BackendInterface, block_size: int,
+def _kernel_factory(backend: BackendInterface, kv_cache_dtype: str) -> Callable[[AttentionSpec], AttentionKernel]:
+    """backend.attention for the specs a model declares, each told what the KV cache stores (the
+    models build their specs from their config alone)."""
+    if kv_cache_dtype == "auto":
+        return backend.attention
+    return lambda spec: backend.attention(replace(spec, kv_cache_dtype=kv_cache_dtype))
+
+
+def _build_model(choice: ModelChoice, hf_config: Any, model_impl: str,
+                 make_kernel: Callable[[AttentionSpec], AttentionKernel], device: torch.device, block_size: int,
                  dtype: torch.dtype, tp: TensorParallel) -> tuple[CausalLM, ModelChoice]:
     """The model on the backend's device, weights not loaded. Native code that meets a
     config feature it does not implement (e.g. a rope_scaling variant) hands the model to
     the transformers fallback under model_impl="auto", and is refused under "native"."""
-    with torch.device(backend.device):
+    with torch.device(device):
         try:
-            return choice.model_class(hf_config, backend.attention, block_size, dtype, tp), choice
+            return choice.model_class(hf_config, make_kernel, block_size, dtype, tp), choice
         except NotImplementedError as error:
             if choice.impl != "native":
                 raise
-            if model_impl == "native":
+            if model_impl == "native" or choice.pooling is not None:  # embeddings: native code only
                 raise UnsupportedModelError(f"model {choice.architecture} ({choice.model_type}): the native code "
                                             f"does not implement this config: {error}") from None
             logger.info("model %s: native code does not implement this config (%s); using the transformers "
                         "fallback", choice.architecture, error)
             fallback = select_model(hf_config, "transformers")
-            return fallback.model_class(hf_config, backend.attention, block_size, dtype, tp), fallback
+            return fallback.model_class(hf_config, make_kernel, block_size, dtype, tp), fallback
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
@@ -272,8 +295,8 @@ def _eos_token_ids(source: ModelSource, hf_config: Any) -> tuple[int, ...]:
     return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
 
 
-def _max_model_len(model_config: ModelConfig, hf_config: Any) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None)
+def _max_model_len(model_config: ModelConfig, hf_config: Any, model_class: type[CausalLM]) -> int:
+    limit = model_class.context_limit(hf_config)
     wanted = model_config.max_model_len
     if wanted is not None and limit is not None and wanted > limit:
         raise ValueError(f"max_model_len {wanted} exceeds the model's context length {limit}")

@@ -5,6 +5,10 @@ model_type; any other `AutoModelForCausalLM` architecture runs through the
 transformers fallback (transformers_fallback.py) at lower speed; everything else is
 refused with one line naming the model and what is supported (UnsupportedModelError).
 `ModelConfig.model_impl` ("auto" | "native" | "transformers", `--model-impl`) forces a path.
+
+A model served for embeddings (core/pooling/decide.py) takes native code only, from
+EMBEDDING_TYPES: the Llama-family decoders without their output head (decoder_embedding.py)
+and the BERT-family encoders (bert.py), which serve nothing else.
 """
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ from typing import Any
 
 from torch import nn
 
+from .bert import BertEmbeddingModel
+from .decoder_embedding import LlamaEmbeddingModel
 from .gemma import GemmaForCausalLM
 from .errors import UnsupportedModelError
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
 from .moe import MoeForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .sharding import check_shardable
+from ..pooling.spec import PoolingSpec
 
 # model_type -> class; GGUF-derived configs carry a model_type but no `architectures`.
 MODEL_TYPES: dict[str, type[nn.Module]] = {
@@ -34,6 +41,19 @@ MODEL_TYPES: dict[str, type[nn.Module]] = {
     "gemma3_text": GemmaForCausalLM,
 }
 MODEL_IMPLS = ("auto", "native", "transformers")
+# model_type -> the class that serves it for embeddings; the encoders serve nothing else
+ENCODER_TYPES: dict[str, type[nn.Module]] = {
+    "bert": BertEmbeddingModel,
+    "roberta": BertEmbeddingModel,
+    "xlm-roberta": BertEmbeddingModel,
+}
+EMBEDDING_TYPES: dict[str, type[nn.Module]] = {
+    "llama": LlamaEmbeddingModel,
+    "mistral": LlamaEmbeddingModel,
+    "qwen2": LlamaEmbeddingModel,
+    "qwen3": LlamaEmbeddingModel,
+    **ENCODER_TYPES,
+}
 
 
 @dataclass(frozen=True)
@@ -43,10 +63,12 @@ class ModelChoice:
     model_class: type[nn.Module]
     model_type: str
     architecture: str  # the checkpoint's class name (config.architectures[0]) or its model_type
+    pooling: PoolingSpec | None = None  # served for embeddings (core/pooling/decide.py); None: generation
 
     def describe(self) -> str:
+        served = "" if self.pooling is None else f", {self.pooling.describe()}"
         if self.impl == "native":
-            return f"{self.architecture} ({self.model_type}): native ({self.model_class.__name__})"
+            return f"{self.architecture} ({self.model_type}): native ({self.model_class.__name__}){served}"
         return (f"{self.architecture} ({self.model_type}): transformers fallback "
                 "(transformers' modules, our paged attention)")
 
@@ -98,15 +120,27 @@ def architecture_name(hf_config: Any) -> str:
     return architectures[0] if architectures else str(getattr(hf_config, "model_type", None))
 
 
-def select_model(hf_config: Any, model_impl: str = "auto", trust_remote_code: bool = False) -> ModelChoice:
+def is_encoder(hf_config: Any) -> bool:
+    """Whether the model is an encoder this engine serves (for embeddings only)."""
+    return str(getattr(hf_config, "model_type", None)) in ENCODER_TYPES
+
+
+def select_model(hf_config: Any, model_impl: str = "auto", trust_remote_code: bool = False,
+                 pooling: PoolingSpec | None = None) -> ModelChoice:
     """auto: native when the model_type has native code, else the transformers fallback
-    when it can run the config, else UnsupportedModelError (one line)."""
+    when it can run the config, else UnsupportedModelError (one line). With `pooling` (served
+    for embeddings): the native class of EMBEDDING_TYPES, or UnsupportedModelError."""
     from .transformers_fallback import TransformersForCausalLM
 
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl {model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
     model_type = str(getattr(hf_config, "model_type", None))
     name = architecture_name(hf_config)
+    if pooling is not None:
+        if model_type not in EMBEDDING_TYPES or model_impl == "transformers":
+            raise UnsupportedModelError(f"model {name} ({model_type}) cannot be served for embeddings: Switchyard "
+                                        f"embeds with native code for {', '.join(sorted(EMBEDDING_TYPES))}")
+        return ModelChoice("native", EMBEDDING_TYPES[model_type], model_type, name, pooling)
     if model_impl != "transformers" and model_type in MODEL_TYPES:
         return ModelChoice("native", MODEL_TYPES[model_type], model_type, name)
     if model_impl == "native":
@@ -123,6 +157,7 @@ def model_class(hf_config: Any) -> type[nn.Module]:
     return select_model(hf_config).model_class
 
 
-__all__ = ["GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_IMPLS", "MODEL_TYPES", "ModelChoice",
+__all__ = ["BertEmbeddingModel", "EMBEDDING_TYPES", "ENCODER_TYPES", "LlamaEmbeddingModel", "is_encoder",
+           "GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_IMPLS", "MODEL_TYPES", "ModelChoice",
            "UnsupportedModelError", "attention_specs", "check_shardable", "model_class", "needs_remote_code",
            "select_model", "supported_summary"]

@@ -22,6 +22,16 @@ class CausalLM(nn.Module, ABC):
     (one AttentionSpec per layer) in __init__."""
 
     attention_specs: list[AttentionSpec] | tuple[AttentionSpec, ...]
+    # False: an encoder (core/models/bert.py): every token attends to the whole prompt, so a
+    # prompt is computed in one step and no key or value is kept (the engine schedules it so,
+    # core/pooling/serving.py); it pools (embeddings) and has no logits.
+    causal: bool = True
+
+    @classmethod
+    def context_limit(cls, hf_config: Any) -> int | None:
+        """The longest prompt the model's positions allow (the loader's max_model_len bound); by
+        default the config's max_position_embeddings."""
+        return getattr(hf_config, "max_position_embeddings", None)
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],

@@ -4,10 +4,15 @@ from __future__ import annotations
 import torch
 
 from ..backend_contract import AttentionKernel
+from ..kv.quantized import dequantize_rows, is_quantized, write_rows
 
 
 def write_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:
+    """A quantized cache (its dtype a format's code) takes quantized rows (core/kv/quantized.py)."""
+    if is_quantized(kv_cache):
+        write_rows(key, value, kv_cache, slot_mapping.long())
+        return
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     flat[0, slot_mapping] = key.to(kv_cache.dtype)
@@ -18,17 +23,23 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, query
                               seq_lens: list[int], block_table: torch.Tensor, scale: float,
                               sliding_window: int | None = None,
                               soft_cap: float | None = None) -> torch.Tensor:
-    """query [T, H, D]; one request at a time, in float32, straight from the definition."""
-    num_heads = query.shape[1]
+    """query [T, H, D]; one request at a time, in float32, straight from the definition. A quantized
+    cache is read as its rows' values (code * scale, core/kv/quantized.py)."""
+    num_heads, head_dim = query.shape[1:]
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    quantized = is_quantized(kv_cache)
+    cache = kv_cache.view(torch.uint8) if quantized else kv_cache
     out = torch.empty_like(query)
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q = query[start:end].float()  # [q_len, H, D]
         num_blocks = -(-seq_len // block_size)
         blocks = block_table[i, :num_blocks].long()
-        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:seq_len].float()
-        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[-1])[:seq_len].float()
+        k, v = cache[0, blocks], cache[1, blocks]
+        if quantized:
+            k, v = dequantize_rows(k, kv_cache.dtype), dequantize_rows(v, kv_cache.dtype)
+        k = k.reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        v = v.reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
         group = num_heads // num_kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)

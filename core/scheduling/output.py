@@ -18,6 +18,9 @@ class ScheduledRequest:
     # tokens after the request's last one, verified this step; the runner returns the logits of
     # every position from the request's last token on (num_draft_tokens + 1 rows).
     num_draft_tokens: int = 0
+    # A pooling request (core/pooling): it samples nothing; the runner hands back the hidden
+    # states of its tokens in this step, which the engine's pooler reduces into its embedding.
+    pools: bool = False
 
     @property
     def draft_token_ids(self) -> tuple[int, ...]:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from ..params import SamplingParams
+from ..pooling.params import PoolingParams
 
 
 class RequestStatus(enum.Enum):
@@ -25,6 +27,7 @@ class FinishReason(str, enum.Enum):
     STOP_STRING = "stop_string"
     ABORT = "abort"
     GRAMMAR = "grammar"  # the constraining grammar is complete: nothing more may follow
+    POOLED = "pooled"  # a pooling request's prompt is computed and pooled into its embedding (core/pooling)
 
     def __str__(self) -> str:
         return self.value
@@ -45,6 +48,16 @@ def decide_finish(*reasons: FinishReason | None) -> FinishReason | None:
     if FinishReason.ABORT in held:
         return FinishReason.ABORT
     return next((r for r in _PRECEDENCE if r in held), None)
+
+
+# A pooling request's embedding: float32 values (array('f'): compact to pickle across the engine's
+# pipe; the gateway writes floats or base64 of its little-endian bytes from it).
+EmbeddingVector = array
+
+
+def pooling_request(request_id: str, prompt_token_ids: list[int], params: PoolingParams) -> Request:
+    """A pooling (embedding) request: its sampling parameters are a placeholder nothing reads."""
+    return Request(request_id, list(prompt_token_ids), _NO_SAMPLING, pooling=params)
 
 
 _SEED_MASK = (1 << 63) - 1
@@ -89,6 +102,9 @@ class Request:
     # W3C trace context of the gateway's request span ({"traceparent": ..., "tracestate": ...}) when
     # tracing is on: the engine's queue/prefill/decode spans are its children (core/tracing.py)
     trace_context: dict[str, str] | None = None
+    # A pooling request (core/pooling): its prompt is computed, pooled into one embedding and it
+    # ends; it samples nothing (its sampling_params are not read). None: a generation request.
+    pooling: PoolingParams | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -145,6 +161,7 @@ class RequestOutput:
     # set when the request failed after it was queued (e.g. its grammar did not compile);
     # the client raises it instead of handing out this output
     error: BaseException | None = None
+    embedding: EmbeddingVector | None = None  # a pooling request's, on its one (finished) output
 
     @property
     def stop_reason(self) -> int | None:
@@ -167,3 +184,7 @@ class EngineCoreOutput:
     # with the first token, when asked for: (token id, logprob or None for the first, top-n)
     prompt_logprobs: tuple[tuple[int, float | None, tuple[tuple[int, float], ...]], ...] | None = None
     error: BaseException | None = None  # the request failed (finish_reason ABORT, no tokens)
+    embedding: EmbeddingVector | None = None  # a pooling request's (finish_reason POOLED, no tokens)
+
+
+_NO_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)

@@ -20,6 +20,11 @@ request has proposals (and room for them in the budget and the block pool; they 
 anyone) is scheduled as its last token plus the proposed ones; `update()` takes the accepted
 run, rolls the computed count back to it and gives back the blocks that held only rejected tokens.
 
+Pooling requests (core/pooling: embeddings) are prompts only: their chunks are scheduled as any
+prompt's, they never decode, and `update()` finishes each (FinishReason.POOLED, its blocks
+freed) in the step that computes its last token. With `chunk_prompts` off (encoders, whose
+tokens attend to the whole prompt) a prompt is admitted only when all of it fits the step.
+
 Backends that cannot mix prefill and decode get steps of one kind (prefill_policy.py).
 The engine calls `schedule()`, runs the model, samples, then `update()`, on one
 thread; aborts and stop strings go through `finish_request()` between steps.
@@ -69,15 +74,22 @@ class Scheduler:
             raise ValidationError(f"request id {request.request_id!r} is already in use")
         if request.num_prompt_tokens == 0:
             raise ValidationError("the prompt must contain at least one token", "prompt")
-        if request.num_prompt_tokens + 1 > request.max_model_len:
+        # a generation request needs room for one generated token; a pooling one only its prompt
+        num_tokens, more = (request.num_prompt_tokens, "") if request.pooling is not None else \
+            (request.num_prompt_tokens + 1, "with one generated token ")
+        if num_tokens > request.max_model_len:
             raise ValidationError(
-                f"the prompt has {request.num_prompt_tokens} tokens; with one generated token that "
+                f"the prompt has {request.num_prompt_tokens} tokens; {more}that "
                 f"exceeds the context length of {request.max_model_len} tokens", "prompt")
         # Cached blocks are evictable, so the whole pool is the bound with or without prefix caching.
-        if not self.kv_cache_manager.can_ever_fit(request.num_prompt_tokens + 1):
+        if not self.kv_cache_manager.can_ever_fit(num_tokens):
             raise ValidationError(
-                f"the prompt has {request.num_prompt_tokens} tokens; with one generated token that "
+                f"the prompt has {request.num_prompt_tokens} tokens; {more}that "
                 f"exceeds the KV cache capacity of {self.kv_cache_manager.capacity_tokens} tokens", "prompt")
+        if not self.config.chunk_prompts and request.num_prompt_tokens > self.config.max_num_batched_tokens:
+            raise ValidationError(
+                f"the prompt has {request.num_prompt_tokens} tokens; this model computes a prompt in one step, "
+                f"whose token budget is {self.config.max_num_batched_tokens} (--max-batch-prefill-tokens)", "prompt")
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -194,6 +206,8 @@ class Scheduler:
                 computed_blocks.pop()  # it would be a decode, admitted in a prefill step: recompute a block
             num_cached = len(computed_blocks) * manager.block_size
             num_new_tokens = min(request.num_tokens - num_cached, draft.budget)
+            if num_new_tokens < request.num_tokens - num_cached and not self.config.chunk_prompts:
+                break  # the whole prompt in one step, or wait for a step with room (FCFS)
             if not manager.allocate_slots(request, num_new_tokens, computed_blocks):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
@@ -219,7 +233,8 @@ class Scheduler:
             num_draft_tokens=len(proposed),
             num_computed_tokens=start,
             block_ids=tuple(request.block_ids),
-            samples=stop == request.num_tokens,
+            samples=stop == request.num_tokens and request.pooling is None,
+            pools=request.pooling is not None,
             computes_prompt_logprobs=(request.sampling_params.prompt_logprobs is not None
                                       and not request.output_token_ids
                                       and start < request.num_prompt_tokens - 1),
@@ -259,6 +274,9 @@ class Scheduler:
                 raise RuntimeError(f"request {request.request_id!r} was updated twice for one step")
             if not scheduled.samples:
                 request.num_computed_tokens += scheduled.num_new_tokens
+                if scheduled.pools and request.num_computed_tokens == request.num_prompt_tokens:
+                    self._finish(request, FinishReason.POOLED)  # its embedding is pooled: nothing follows
+                    finished.append(request)
                 continue
             if scheduled.request_id not in sampled_token_ids:
                 raise KeyError(f"no sampled token for request {scheduled.request_id!r}")

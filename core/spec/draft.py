@@ -105,7 +105,7 @@ class DraftModelProposer:
         draft_config = replace(config, model=config.speculative.draft_model_config(config.model),
                                parallel=ParallelConfig())
         block_size = config.cache.block_size
-        loaded = load_model(draft_config.model, backend, block_size)
+        loaded = load_model(draft_config.model, backend, block_size, kv_cache_dtype=config.cache.kv_cache_dtype)
         backend.prepare_model(loaded, draft_config)
         num_blocks = config.speculative.draft_num_blocks or target_num_blocks
         kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)

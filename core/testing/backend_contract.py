@@ -12,8 +12,9 @@ pytest collects the inherited tests for the subclass. They check what the engine
 probe() never raises, capabilities() are well formed, the KV cache layout, the attention
 kernel against the plain-torch reference on ragged batches (decodes first, then prompt
 chunks with cached prefixes; GQA; two declared block sizes; each tested dtype), write_kv
-touching exactly the slots of slot_mapping, a graph_safe kernel not reading the metadata's
-host tuples, greedy engine output (prepare_model, profile_run, make_runner and all) equal
+touching exactly the slots of slot_mapping, each declared quantized KV cache (--kv-cache-dtype)
+allocated as the contract lays it out and round-tripping through write_kv and attention, a
+graph_safe kernel not reading the metadata's host tuples, greedy engine output (prepare_model, profile_run, make_runner and all) equal
 to the reference backend's, with speculative verify steps too where declared, KV sizing, and the sharding hooks when unsharded.
 Class attributes narrow or widen what runs (dtypes, block sizes, groups, tolerances).
 """
@@ -28,10 +29,11 @@ from typing import ClassVar
 import pytest
 import torch
 
-from ..backend import AttentionSpec, Backend, Capabilities, ProbeResult
+from ..backend import KV_CACHE_FORMATS, AttentionSpec, Backend, Capabilities, ProbeResult
 from ..capabilities import DTYPE_NAMES
 from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..engine.core import EngineCore
+from ..kv.quantized import dequantize_cache
 from ..loader import torch_dtype
 from ..params import SamplingParams
 from ..scheduling.request import Request
@@ -42,12 +44,17 @@ from .reference_backend import ReferenceBackend
 TOLERANCES = {"float32": dict(atol=2e-5, rtol=1e-4), "bfloat16": dict(atol=3e-2, rtol=3e-2),
               "float16": dict(atol=4e-3, rtol=4e-3)}
 PROMPTS = ([5, 9, 13, 17, 21, 25, 29], [7, 3], list(range(40, 80)), [11, 12, 13])
+# How far a quantized KV cache's value may lie from the value written, as a share of its row's
+# largest magnitude: half an int8 step; float8's half unit in the last place (e4m3fn keeps 3
+# mantissa bits, e5m2 2), a float32 rounding of slack on each.
+KV_ROUNDING = {"int8": 0.5 / 127 + 1e-6, "fp8_e4m3fn": 2.0**-4 + 1e-6, "fp8_e5m2": 2.0**-3 + 1e-6}
 
 
 class BackendContract:
     """Override the `backend` fixture; set the class attributes to narrow what runs."""
 
     dtypes_to_test: ClassVar[tuple[str, ...] | None] = None  # None: declared ones (no float16 on a CPU device)
+    kv_cache_dtypes_to_test: ClassVar[tuple[str, ...] | None] = None  # None: the declared quantized KV caches
     block_sizes_to_test: ClassVar[tuple[int, ...] | None] = None  # None: the two smallest declared >= 8
     gqa_groups: ClassVar[tuple[int, ...]] = (1, 3)  # query heads per KV head
     num_kv_heads: ClassVar[int] = 2
@@ -65,6 +72,12 @@ class BackendContract:
         if self.dtypes_to_test is not None:
             return tuple(d for d in self.dtypes_to_test if d in declared)
         return tuple(d for d in declared if not (backend.device.type == "cpu" and d == "float16"))
+
+    def kv_cache_dtypes(self, backend: Backend) -> tuple[str, ...]:
+        declared = backend.capabilities().kv_cache_dtypes
+        if self.kv_cache_dtypes_to_test is not None:
+            return tuple(d for d in self.kv_cache_dtypes_to_test if d in declared)
+        return declared
 
     def block_sizes(self, backend: Backend) -> tuple[int, ...]:
         if self.block_sizes_to_test is not None:
@@ -104,6 +117,7 @@ class BackendContract:
         assert caps.block_sizes and all(isinstance(b, int) and b > 0 for b in caps.block_sizes), caps.block_sizes
         assert isinstance(caps.attention_impl, str) and caps.attention_impl.strip()
         assert isinstance(caps.unshardable_reason, str)
+        assert set(caps.kv_cache_dtypes) <= set(KV_CACHE_FORMATS), caps.kv_cache_dtypes
         flags = (caps.mixed_prefill_decode, caps.prefix_caching, caps.graph_mode, caps.static_shapes)
         assert all(isinstance(flag, bool) for flag in flags)
 
@@ -142,6 +156,36 @@ class BackendContract:
             assert out.shape == step.query.shape and out.dtype == step.spec.dtype, case
             dtype = str(step.spec.dtype).removeprefix("torch.")
             torch.testing.assert_close(out.cpu(), expected, **self.tolerances[dtype], msg=lambda m, case=case: f"{case}: {m}")
+
+    def test_declared_kv_cache_dtypes_round_trip_through_write_kv_and_attention(self, backend):
+        """Each declared quantized KV cache (Capabilities.kv_cache_dtypes): allocated as the contract
+        lays it out (zeros, [2, blocks, block_size, kv_heads, head_dim + 4] of the code's dtype);
+        the kernel's write_kv stores values that read back within the format's rounding of those
+        written, and its attention over what it wrote gives the reference's output over the
+        reference's write (core/kv/quantized.py's rows, read as code * scale)."""
+        formats = self.kv_cache_dtypes(backend)
+        if not formats:
+            pytest.skip("the backend declares no quantized KV cache (Capabilities.kv_cache_dtypes)")
+        for kv_cache_dtype in formats:
+            for case, step in self.steps(backend):
+                case = f"{case} kv_cache_dtype={kv_cache_dtype}"
+                quantized = step.quantized(kv_cache_dtype)
+                cache = backend.allocate_kv_cache(1, step.cache.shape[1], quantized.spec)[0]
+                assert cache.shape == quantized.spec.cache_shape(step.cache.shape[1]), case
+                assert cache.dtype == quantized.spec.cache_dtype and not cache.view(torch.uint8).any(), case
+                cache.view(torch.uint8).copy_(quantized.cache.view(torch.uint8))
+                kernel = backend.attention(quantized.spec)
+                kernel.write_kv(step.key, step.value, cache, step.meta)
+                written = dequantize_cache(cache.cpu()).flatten(1, 2)[:, step.meta.slot_mapping.cpu()]
+                values = torch.stack([step.key.cpu(), step.value.cpu()]).float()
+                bound = KV_ROUNDING[kv_cache_dtype] * values.abs().amax(dim=-1, keepdim=True)
+                assert ((written - values).abs() <= bound).all(), f"{case}: the cache does not hold the values written"
+                out = kernel.forward(step.query, cache, step.meta)
+                assert out.shape == step.query.shape and out.dtype == step.spec.dtype, case
+                _, expected = quantized.reference()
+                dtype = str(step.spec.dtype).removeprefix("torch.")
+                torch.testing.assert_close(out.cpu(), expected, **self.tolerances[dtype],
+                                           msg=lambda m, case=case: f"{case}: {m}")
 
     def test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches(self, backend):
         dtype, block_size = self.dtypes(backend)[0], self.block_sizes(backend)[0]

@@ -4,11 +4,12 @@ over randomly placed (never contiguous, never block 0) cache blocks. No pytest h
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..backend import AttentionMetadata, AttentionSpec
+from ..kv.quantized import quantize_rows
 from ..ops.attention import paged_attention_reference, write_kv_reference
 
 
@@ -55,6 +56,13 @@ class AttentionStep:
     query: torch.Tensor
     key: torch.Tensor
     value: torch.Tensor
+
+    def quantized(self, kv_cache_dtype: str) -> AttentionStep:
+        """The same step over a quantized KV cache (--kv-cache-dtype): its spec says so, and its
+        cache holds this step's cache rows quantized (core/kv/quantized.py)."""
+        spec = replace(self.spec, kv_cache_dtype=kv_cache_dtype)
+        cache = quantize_rows(self.cache, spec.cache_dtype).view(spec.cache_dtype)
+        return replace(self, spec=spec, cache=cache)
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(the cache after the reference write, the reference attention output), on the CPU."""

@@ -1,5 +1,5 @@
 """Routes of the OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/responses,
-/v1/models.
+/v1/embeddings, /v1/models.
 
 All of them take the API key (the OpenAI SDK always sends it). Errors are rendered
 by the app in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
@@ -14,6 +14,7 @@ from ..errors import ErrorKind, GatewayError
 from .chat import create_chat_completion
 from .common import served_model_names
 from .completions import create_completion
+from .embeddings import EmbeddingRequest, create_embeddings
 from .responses import create_response, not_stored
 from .responses_request import ResponsesRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -30,6 +31,11 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request):
 @router.post("/completions")
 async def completions(req: CompletionRequest, http_request: Request):
     return await create_completion(req, http_request)
+
+
+@router.post("/embeddings")
+async def embeddings(req: EmbeddingRequest, http_request: Request):
+    return await create_embeddings(req, http_request)
 
 
 @router.post("/responses")

@@ -1,5 +1,6 @@
 """TGI's native routes: `/generate`, `/generate_stream`, `/` (compat), `/info`,
-`/invocations` (SageMaker); `/tokenize` and `/chat_tokenize` live in tokenize.py.
+`/invocations` (SageMaker); `/tokenize` and `/chat_tokenize` live in tokenize.py, TEI's
+`/embed` in embed.py.
 
 The life cycle is gateway/pipeline.py's: a concurrency slot first (429 past
 --max-concurrent-requests, as TGI's semaphore does), validation and tokenization
@@ -31,11 +32,13 @@ from ..structured import compiled
 from .body import json_object, parse
 from .outputs import Sequence, generate_response, stream_event, timing_headers, vocab_for
 from .schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
+from .embed import router as embed_router
 from .tokenize import router as tokenize_router
 from .validation import GenerationPlan, plan_generation
 
 router = APIRouter()
 router.include_router(tokenize_router)
+router.include_router(embed_router)
 _AUTH = [Depends(require_api_key)]
 
 
@@ -178,7 +181,9 @@ async def info(request: Request) -> SafeJSONResponse:
     engine = service.client.info  # None until the engine has started
     limits = service.limits if engine is not None else None
     return SafeJSONResponse({
-        "model_id": settings.model_id, "model_sha": None, "model_pipeline_tag": None,
+        "model_id": settings.model_id, "model_sha": None,
+        # the Hub's tag of a model served for embeddings (core/pooling); TGI's null otherwise
+        "model_pipeline_tag": "feature-extraction" if engine is not None and engine.pooling is not None else None,
         "max_concurrent_requests": settings.max_concurrent_requests, "max_best_of": settings.max_best_of,
         "max_stop_sequences": settings.max_stop_sequences,
         "max_input_tokens": limits.max_input_tokens if limits else settings.max_input_tokens,

@@ -10,7 +10,8 @@ import torch
 
 from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.runner import CpuModelRunner
-from switchyard.core.backend import ProbeResult
+from switchyard.core.backend import KV_SCALE_BYTES, ProbeResult
+from switchyard.core.kv.quantized import is_quantized
 from switchyard.core.ops.attention import ReferenceAttentionKernel
 
 
@@ -27,6 +28,18 @@ class OffKernel(ReferenceAttentionKernel):
 
 class LyingKernel(ReferenceAttentionKernel):
     graph_safe = True  # but it reads the metadata's host tuples
+
+
+class ScalelessKvKernel(ReferenceAttentionKernel):
+    """Writes a quantized KV cache's codes but leaves every row's scale at 1: its values read back
+    as the bare codes."""
+
+    def write_kv(self, key, value, kv_cache, meta) -> None:
+        super().write_kv(key, value, kv_cache, meta)
+        if is_quantized(kv_cache):
+            rows = kv_cache.view(torch.uint8).flatten(1, 2)[:, meta.slot_mapping.long()]
+            rows[..., -KV_SCALE_BYTES:] = torch.ones(1).view(torch.uint8)
+            kv_cache.view(torch.uint8).flatten(1, 2)[:, meta.slot_mapping.long()] = rows
 
 
 class KernelBackend(CpuBackend):

@@ -118,9 +118,9 @@ class CpuCudaBackend(CudaBackend):
         return self._kernel(spec)
 
 
-def make_engine(backend, max_num_seqs=6, block_size=4, num_blocks=64):
+def make_engine(backend, max_num_seqs=6, block_size=4, num_blocks=64, kv_cache_dtype="auto"):
     config = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy", seed=3, max_model_len=96),
-                          cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+                          cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_dtype=kv_cache_dtype),
                           scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64))
     return EngineCore(config, backend=backend)
 

@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined
 
 from broken_backends import (AlwaysCommunicator, DeviceName, KernelBackend, LyingKernel, MisspelledDtype,  # noqa: E402
-                             NegatedHead, NoLauncher, OffKernel, OneKvBlock, RaisingProbe, SharedKvCache,
-                             VerifyOnLastRow)
+                             NegatedHead, NoLauncher, OffKernel, OneKvBlock, RaisingProbe, ScalelessKvKernel,
+                             SharedKvCache, VerifyOnLastRow)
 from cuda_fakes import CUDA_KERNEL, MiB, CpuCudaBackend, DeviceReferenceKernel, FakeDevice  # noqa: E402
 from switchyard.backends.cpu import CpuBackend  # noqa: E402
 from switchyard.core.testing import BackendContract  # noqa: E402
@@ -95,6 +95,7 @@ BREACHES = {
     "test_allocate_kv_cache_layout": SharedKvCache,
     "test_write_kv_writes_exactly_the_slots_of_slot_mapping": lambda: KernelBackend(OffKernel),
     "test_attention_matches_the_reference_on_ragged_batches": lambda: KernelBackend(OffKernel),
+    "test_declared_kv_cache_dtypes_round_trip_through_write_kv_and_attention": lambda: KernelBackend(ScalelessKvKernel),
     "test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches": lambda: KernelBackend(LyingKernel),
     "test_engine_greedy_output_equals_the_reference_backend": NegatedHead,
     "test_speculative_verify_steps_give_the_plain_greedy_tokens": VerifyOnLastRow,

@@ -1,5 +1,5 @@
-"""The engine enforces what a backend declares (core/capabilities.py): a dtype or block size
-it does not list is refused in one line, before anything loads, from the engine, the
+"""The engine enforces what a backend declares (core/capabilities.py): a dtype, block size or
+quantized KV cache it does not list is refused in one line, before anything loads, from the engine, the
 offline LLM and `switchyard serve`; prefix caching and mixed steps it cannot do are
 turned off with a logged line."""
 from __future__ import annotations
@@ -45,6 +45,43 @@ def test_an_undeclared_block_size_is_refused():
     with pytest.raises(BackendCapabilityError, match=r"^backend 'b' does not support KV block size 8; "
                                                      r"it supports: 16, 32$"):
         check_capabilities("b", CAPS, EngineConfig(cache=CacheConfig(block_size=8)))
+
+
+def test_an_undeclared_kv_cache_dtype_is_refused_in_one_line():
+    with pytest.raises(BackendCapabilityError, match=r"^backend 'b' does not support --kv-cache-dtype int8; "
+                                                     r"it supports: auto$"):
+        check_capabilities("b", CAPS, EngineConfig(model=TINY, cache=CacheConfig(kv_cache_dtype="int8")))
+    caps = replace(CAPS, kv_cache_dtypes=("int8",))
+    with pytest.raises(BackendCapabilityError, match=r"--kv-cache-dtype fp8_e5m2; it supports: auto, int8$"):
+        check_capabilities("b", caps, EngineConfig(model=TINY, cache=CacheConfig(kv_cache_dtype="fp8_e5m2")))
+    declared = EngineConfig(model=TINY, cache=CacheConfig(kv_cache_dtype="int8"))
+    assert check_capabilities("b", caps, declared) is declared
+
+
+class NoQuantizedKvCpu(CpuBackend):
+    """The CPU backend declaring no quantized KV cache."""
+
+    def __init__(self):
+        super().__init__(pack_weights=False)
+        self.loaded_models = 0
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), kv_cache_dtypes=())
+
+    def init_device(self, shard=None) -> None:
+        self.loaded_models += 1
+
+
+def test_the_engine_refuses_a_kv_cache_dtype_before_loading():
+    backend = NoQuantizedKvCpu()
+    with pytest.raises(BackendCapabilityError, match="does not support --kv-cache-dtype fp8_e4m3fn; it supports: auto$"):
+        EngineCore(EngineConfig(model=TINY, cache=CacheConfig(num_blocks=8, kv_cache_dtype="fp8_e4m3fn")),
+                   backend=backend)
+    assert backend.loaded_models == 0
+
+
+def test_the_cpu_backend_reads_every_quantized_kv_cache():
+    assert CpuBackend().capabilities().kv_cache_dtypes == ("int8", "fp8_e4m3fn", "fp8_e5m2")
 
 
 def test_auto_dtype_becomes_the_backends_preferred_one():

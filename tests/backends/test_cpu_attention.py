@@ -1,6 +1,8 @@
 """The CPU kernel against the plain-torch reference on ragged, paged batches: the gather
 path, and the in-place C++ decode kernel (built once into the default cache root, as
-an engine start would; the first build takes about a minute)."""
+an engine start would; the first build takes about a minute). Float caches, and quantized ones
+(--kv-cache-dtype int8, fp8_e4m3fn, fp8_e5m2) against the reference over the same codes, on every
+instruction-set level this CPU runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +17,8 @@ from switchyard.backends.cpu import attention as cpu_attention
 from switchyard.backends.cpu import extension
 from switchyard.backends.cpu.extension import PagedDecode
 from switchyard.backends.cpu.backend import IN_PLACE_MAX_DECODES
-from switchyard.core.backend import AttentionMetadata, AttentionSpec
+from switchyard.core.backend import KV_CACHE_FORMATS, AttentionMetadata, AttentionSpec
+from switchyard.core.kv.quantized import quantize_rows
 from switchyard.core.ops.attention import paged_attention_reference, write_kv_reference
 
 HEAD_DIM = 16
@@ -77,6 +80,8 @@ def run_both(lens, num_decodes, spec: AttentionSpec, seed: int, num_blocks: int 
     num_tokens = meta.query_start_loc_cpu[-1]
     shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
     cache = torch.randn(shape, generator=gen).to(spec.dtype)  # cached prefixes (and garbage elsewhere)
+    if spec.quantized_cache:  # the same rows, quantized (--kv-cache-dtype)
+        cache = quantize_rows(cache, spec.cache_dtype).view(spec.cache_dtype)
     ref_cache = cache.clone()
     query = torch.randn(num_tokens, spec.num_heads, spec.head_dim, generator=gen).to(spec.dtype)
     key = torch.randn(num_tokens, spec.num_kv_heads, spec.head_dim, generator=gen).to(spec.dtype)
@@ -85,7 +90,7 @@ def run_both(lens, num_decodes, spec: AttentionSpec, seed: int, num_blocks: int 
     kernel = CpuAttentionKernel(spec, decode=decode)
     kernel.write_kv(key, value, cache, meta)
     write_kv_reference(key, value, ref_cache, meta.slot_mapping)
-    assert torch.equal(cache, ref_cache)
+    assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))  # a quantized cache's bytes too
     out = kernel.forward(query, cache, meta)
     expected = paged_attention_reference(query, ref_cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
                                          meta.block_table, spec.scale, spec.sliding_window, spec.soft_cap)
@@ -440,3 +445,87 @@ def test_other_instruction_sets_attend_the_same(variant, tmp_path):
             expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
                                                  meta.block_table, 0.125, window, soft_cap)
             torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+# ---- quantized KV caches (--kv-cache-dtype): the reference reads the same codes as values ----
+
+KV_FORMATS = sorted(KV_CACHE_FORMATS)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size,group", [(8, 1), (16, 3), (32, 4)])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (5, None), (11, 3.0)])
+def test_quantized_caches_match_reference_on_ragged_batches(kv_cache_dtype, dtype, block_size, group, window, soft_cap,
+                                                            decode_path):
+    """write_kv stores quantize_rows' bytes (run_both checks them); decodes in place or gathered and
+    prompt chunks gathered attend over code * scale as the reference does."""
+    seed = zlib.crc32(repr((kv_cache_dtype, dtype, block_size, group, window, soft_cap)).encode()) % 10_000
+    lens, num_decodes = ragged_batch(random.Random(seed), block_size)
+    spec = AttentionSpec(num_heads=NUM_KV_HEADS * group, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+                         block_size=block_size, scale=HEAD_DIM ** -0.5, dtype=dtype, sliding_window=window,
+                         soft_cap=soft_cap, kv_cache_dtype=kv_cache_dtype)
+    out, expected = run_both(lens, num_decodes, spec, seed, decode=decode_path)
+    assert out.dtype == dtype and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# the specialised head dims, the generic vector code (80) and the portable loops (72)
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 72])
+def test_in_place_decodes_read_quantized_caches(in_place, monkeypatch, kv_cache_dtype, dtype, head_dim):
+    """Decode-only batches over a quantized cache, read in place (never gathered): contexts on and
+    across block boundaries, long ones split into ranges, GQA groups of 3."""
+    monkeypatch.setattr(CpuAttentionKernel, "_gather", _no_gather)
+    lens = [(1, n) for n in (1, 15, 16, 17, 97, 300, 700)]
+    spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=head_dim, block_size=16, scale=0.125, dtype=dtype,
+                         kv_cache_dtype=kv_cache_dtype)
+    out, expected = run_both(lens, len(lens), spec, seed=head_dim, num_blocks=96, decode=in_place)
+    torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+def test_a_quantized_cache_changes_the_result_within_its_rounding(in_place):
+    """Guards the tests above: over a quantized cache the output is not the float cache's, but
+    within the format's rounding of it (e5m2's 2 mantissa bits the furthest)."""
+    lens = [(1, 40), (1, 130), (9, 25)]
+    base = AttentionSpec(num_heads=6, num_kv_heads=2, head_dim=64, block_size=16, scale=0.125)
+    plain, _ = run_both(lens, 2, base, seed=8, decode=in_place)
+    errors = {}
+    for kv_cache_dtype in KV_FORMATS:
+        out, _ = run_both(lens, 2, dataclasses.replace(base, kv_cache_dtype=kv_cache_dtype), seed=8, decode=in_place)
+        errors[kv_cache_dtype] = (out - plain).abs().max().item()
+    assert 0 < errors["int8"] < errors["fp8_e4m3fn"] < errors["fp8_e5m2"] < 0.2, errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", extension.isa_levels())
+def test_every_instruction_set_reads_and_writes_quantized_caches_alike(variant, tmp_path):
+    """The decode kernel as each level this CPU runs builds it (AVX-512, AVX2's pairs of 8-lane
+    registers, the portable loops): over int8, e4m3fn and e5m2 caches, float32 and bfloat16
+    queries, the reference's output over the same codes; and its quantize_kv_rows (the rows
+    decode_layers.cpp writes) the bytes of core/kv/quantized.py, ties and zeros included."""
+    from kernel_variants import build_variant
+
+    ops = build_variant(extension.SOURCE, variant, tmp_path)
+    gen = torch.Generator().manual_seed(11)
+    values = torch.randn(3000, 64, generator=gen) * torch.logspace(-6, 4, 3000).unsqueeze(1)
+    values[0], values[1, 0], values[1, 1:] = 0.0, 127.0, torch.arange(63) + 0.5  # a zero row, ties at amax 127
+    rng = random.Random(3)
+    for kv_cache_dtype in KV_FORMATS:
+        code = KV_CACHE_FORMATS[kv_cache_dtype]
+        for dtype in (torch.float32, torch.bfloat16):
+            rows = torch.empty(3000, 68, dtype=code)
+            ops.quantize_kv_rows(values.to(dtype), rows)
+            assert torch.equal(rows.view(torch.uint8), quantize_rows(values.to(dtype), code)), (kv_cache_dtype, dtype)
+            for head_dim, group, window, soft_cap in ((64, 3, None, None), (128, 1, 37, None), (80, 4, None, 5.0)):
+                lens = [(1, n) for n in (1, 15, 16, 17, 97, 300)]
+                meta = make_meta(lens, len(lens), 16, 64, rng)
+                cache = quantize_rows(torch.randn(2, 64, 16, 2, head_dim, generator=gen), code).view(code)
+                query = torch.randn(len(lens), 2 * group, head_dim, generator=gen).to(dtype)
+                out = torch.empty_like(query)
+                ops.paged_decode(out, query, cache, meta.block_table, meta.seq_lens, 0.125, window or 0,
+                                 soft_cap or 0.0)
+                expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu),
+                                                     list(meta.seq_lens_cpu), meta.block_table, 0.125, window, soft_cap)
+                torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])

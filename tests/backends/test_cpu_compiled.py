@@ -24,11 +24,11 @@ PROMPTS = [[5, 9, 13, 17, 21, 25, 29], [7, 3], [11, 12, 13, 14, 15, 16, 17, 18, 
 MAX_TOKENS = [9, 7, 5, 3]  # the batch shrinks 4 -> 3 (padded to 4) -> 2 -> 1 (padded to 2)
 
 
-def make_engine(cache_root, dtype="float32", compile_decode=True, sizes=(2, 4), backend=None):
+def make_engine(cache_root, dtype="float32", compile_decode=True, sizes=(2, 4), backend=None, kv_cache_dtype="auto"):
     config = EngineConfig(
         model=ModelConfig(model="llama-tiny", load_format="dummy", seed=3, max_model_len=96, dtype=dtype,
                           cache_dir=str(cache_root)),
-        cache=CacheConfig(block_size=4, num_blocks=64),
+        cache=CacheConfig(block_size=4, num_blocks=64, kv_cache_dtype=kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
         compile_decode=compile_decode, graph_batch_sizes=sizes)
     return EngineCore(config, backend=backend or CpuBackend(fused_decode=False))
@@ -86,6 +86,16 @@ def test_compiled_decode_steps_give_the_eager_tokens(eager, compiled):
     assert tokens == eager[1]
     # decode steps of 4 and 3 requests ran bucket 4, those of 2 and 1 bucket 2; the prompt step ran eager
     assert sorted(set(decode_sizes)) == [1, 2, 3, 4] and runner.num_compiled_steps == len(decode_sizes)
+
+
+def test_compiled_decode_steps_over_a_quantized_kv_cache_give_the_eager_tokens(cache_root):
+    """--kv-cache-dtype int8 through the graphs' opaque ops: write_kv quantizes (padding rows write
+    nothing), paged_decode reads the codes, as the eager steps do."""
+    eager = make_engine(cache_root, compile_decode=False, kv_cache_dtype="int8")
+    engine = make_engine(cache_root, kv_cache_dtype="int8")
+    assert isinstance(engine.runner, CompiledDecodeRunner) and engine.runner.disabled_reason is None
+    assert generate(engine) == generate(eager) and engine.runner.num_compiled_steps > 0
+    assert all(cache.dtype == torch.int8 and not cache[:, 0].any() for cache in engine.runner.kv_caches)
 
 
 def test_padding_rows_write_no_kv(eager, compiled):

@@ -2,7 +2,8 @@
 against the model's own forward: the same logits (float32 within rounding, bfloat16 within its
 step) and the same greedy tokens, for every shape the Llama layout covers (GQA, q/k/v bias,
 per-head q/k norms, partial rotary, a sliding window, scaled rope), every linear kind
-(oneDNN-packed, dense, block-quantized, int8, int4, bf16 row kernel), and the fallbacks when a model or a module
+(oneDNN-packed, dense, block-quantized, int8, int4, bf16 row kernel), a quantized KV cache
+(--kv-cache-dtype, written and read by the C++), and the fallbacks when a model or a module
 has no fused path."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from transformers import AutoConfig
 from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.compiled import CompiledDecodeRunner
 from switchyard.backends.cpu.fused_decode import FusedDecodeRunner, fused_program, linear_operands, load_decode_layers
+from switchyard.core.backend import KV_CACHE_FORMATS
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine.core import EngineCore
 from switchyard.core.loader.gguf_cache import default_cache_root
@@ -43,10 +45,10 @@ def model_dir(tmp_path_factory, shape: str) -> str:
 
 
 def engine(model: str, dtype: str, fused: bool, quantize: str | None = None, backend=None,
-           load_format: str = "dummy") -> EngineCore:
+           load_format: str = "dummy", kv_cache_dtype: str = "auto") -> EngineCore:
     config = EngineConfig(
         model=ModelConfig(model=model, load_format=load_format, seed=5, max_model_len=128, dtype=dtype, quantize=quantize),
-        cache=CacheConfig(block_size=BLOCK, num_blocks=96),
+        cache=CacheConfig(block_size=BLOCK, num_blocks=96, kv_cache_dtype=kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128), compile_decode=fused)
     return EngineCore(config, backend=backend or CpuBackend())
 
@@ -174,6 +176,25 @@ def test_default_model_gguf_greedy_tokens_agree_with_the_eager_engine(default_gg
     assert all(theirs[k][:-1] == reference[k][1:] for k in PROMPTS)  # the eager engine's own choices
     assert sum(a == b for key in ours for a, b in zip(ours[key], theirs[key])) >= 0.9 * 36
     assert fused.runner.num_fused_steps >= 12
+
+
+@pytest.mark.parametrize("kv_cache_dtype", sorted(KV_CACHE_FORMATS))
+@pytest.mark.parametrize("shape", ["llama-gqa", "qwen3-qk-norm", "mistral-window"])
+def test_fused_decode_steps_write_and_read_a_quantized_kv_cache(kv_cache_dtype, shape, tmp_path_factory):
+    """The C++ layers quantize each head's k and v into the cache (kv_rows.h) and attend over the
+    codes, as the model's forward does through the kernel (core/kv/quantized.py): the same logits
+    within float rounding (a k or v differing in its last bit may round to the next code) and
+    the same greedy tokens; the decode steps' rows hold codes and scales."""
+    path = model_dir(tmp_path_factory, shape)
+    eager, fused = (engine(path, "float32", f, kv_cache_dtype=kv_cache_dtype) for f in (False, True))
+    assert isinstance(fused.runner, FusedDecodeRunner)
+    assert {cache.dtype for cache in fused.runner.kv_caches} == {KV_CACHE_FORMATS[kv_cache_dtype]}
+    for expected, got in zip(decode_logits(eager), decode_logits(fused), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert fused.runner.num_fused_steps == 3
+    written = fused.runner.kv_caches[0].view(torch.uint8).flatten(1, 2)[:, BLOCK * BLOCKS["b"][1] + 1]  # b's 3rd decode
+    assert written[..., -4:].contiguous().view(torch.float32).gt(0).all()  # a scale per head, keys and values
+    assert greedy(fused) == greedy(eager)
 
 
 def test_padding_rows_write_no_kv(tmp_path_factory):

@@ -1,6 +1,6 @@
 """The CPU KV cache is sized from the configuration, never from the memory free at start
 (core/kv/sizing.py), says its size in one line, and refuses, in one line, a cache that does
-not fit."""
+not fit. A quantized cache (--kv-cache-dtype) holds about 3.8x the tokens in the same bytes."""
 from __future__ import annotations
 
 import logging
@@ -193,3 +193,63 @@ def test_the_cache_fills_in_a_small_page_at_a_time():
     assert "nh" in mapping["VmFlags"].split() and "hg" not in mapping["VmFlags"].split()
     assert int(mapping["Rss"].split()[0]) <= 64  # KiB
     assert layer[:, 1].eq(1).all() and not layer[:, 0].any() and not layer[:, 2:].any()  # the rest: zeros
+
+
+INT8_BYTES_PER_BLOCK = 2 * 30 * 16 * 3 * (64 + 4)  # the default model's block in int8: 64 codes and a scale a row
+
+
+def test_a_quantized_cache_holds_more_tokens_in_the_default_budget(monkeypatch):
+    """The automatic budget is DEFAULT_KV_TOKENS tokens' bytes in the model's dtype: an 8-bit cache
+    holds 3.76x the tokens in them (61,680 for the default model), still no more than the
+    configuration can use."""
+    _free(monkeypatch, 200 * GiB)
+    many = with_usable_tokens(CacheConfig(kv_cache_dtype="int8"), max_num_seqs=256, max_model_len=8192,
+                              model_dtype_block_bytes=BYTES_PER_BLOCK)
+    blocks = CpuBackend().num_kv_blocks(INT8_BYTES_PER_BLOCK, many)
+    assert blocks == DEFAULT_KV_TOKENS // 16 * BYTES_PER_BLOCK // INT8_BYTES_PER_BLOCK + 1 == 3856
+    assert (blocks - 1) * INT8_BYTES_PER_BLOCK <= DEFAULT_KV_TOKENS // 16 * BYTES_PER_BLOCK  # the same bytes
+    few = with_usable_tokens(CacheConfig(kv_cache_dtype="int8"), max_num_seqs=2, max_model_len=2048,
+                             model_dtype_block_bytes=BYTES_PER_BLOCK)
+    assert CpuBackend().num_kv_blocks(INT8_BYTES_PER_BLOCK, few) == 4096 // 16 + 1
+    same = with_usable_tokens(CacheConfig(), max_num_seqs=256, max_model_len=8192, model_dtype_block_bytes=BYTES_PER_BLOCK)
+    assert CpuBackend().num_kv_blocks(BYTES_PER_BLOCK, same) == DEFAULT_KV_TOKENS // 16 + 1  # auto: as before
+
+
+def test_kv_cache_memory_holds_more_tokens_in_a_quantized_cache(monkeypatch):
+    _free(monkeypatch, 200 * GiB)
+    cache = with_usable_tokens(CacheConfig(kv_cache_memory=GiB, kv_cache_dtype="fp8_e4m3fn"), max_num_seqs=256,
+                               max_model_len=8192, model_dtype_block_bytes=BYTES_PER_BLOCK)
+    assert CpuBackend().num_kv_blocks(INT8_BYTES_PER_BLOCK, cache) == GiB // INT8_BYTES_PER_BLOCK
+    assert GiB // INT8_BYTES_PER_BLOCK > 3.7 * (GiB // BYTES_PER_BLOCK)
+
+
+@pytest.mark.parametrize("kv_cache_dtype,code", [("int8", torch.int8), ("fp8_e4m3fn", torch.float8_e4m3fn),
+                                                 ("fp8_e5m2", torch.float8_e5m2)])
+def test_an_engine_with_a_quantized_cache_says_its_format_bytes_and_tokens(monkeypatch, caplog, kv_cache_dtype, code):
+    """The start line counts the quantized cache's bytes and the tokens its budget holds: llama-tiny's
+    2 layers of 2 KV heads of 16, 20 bytes a row against float32's 64."""
+    _free(monkeypatch, 200 * GiB)
+    config = _tiny(CacheConfig(block_size=16, kv_cache_dtype=kv_cache_dtype), max_num_seqs=256)
+    with caplog.at_level(logging.INFO, logger="switchyard.core.engine.core"):
+        engine = EngineCore(config, backend=CpuBackend())
+    try:
+        float_blocks = DEFAULT_KV_TOKENS // 16  # 256 x 512 tokens is more than the budget holds
+        blocks = float_blocks * (2 * 2 * 16 * 2 * 64) // (2 * 2 * 16 * 2 * 20) + 1
+        assert engine.info.num_kv_blocks == blocks and engine.info.max_batch_total_tokens == (blocks - 1) * 16
+        size = KVCacheSize(blocks, 16, blocks * 2 * 2 * 16 * 2 * 20, kv_cache_dtype)
+        assert f"engine ready: backend=cpu, {size.describe()}" in caplog.messages
+        assert size.describe().endswith(f"tokens ({blocks:,} blocks of 16, {kv_cache_dtype})")
+        assert {(c.dtype, c.shape[-1]) for c in engine.runner.kv_caches} == {(code, 20)}
+    finally:
+        engine.shutdown()
+
+
+def test_the_kv_cache_dtype_flag_reaches_the_cache_config(capsys):
+    assert engine_config(build_parser({}).parse_args(["serve"])).cache.kv_cache_dtype == "auto"
+    args = build_parser({}).parse_args(["serve", "--kv-cache-dtype", "fp8_e5m2"])
+    assert engine_config(args).cache.kv_cache_dtype == "fp8_e5m2"
+    from_env = build_parser({"KV_CACHE_DTYPE": "int8"}).parse_args(["serve"])  # TGI's variable
+    assert engine_config(from_env).cache.kv_cache_dtype == "int8"
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["serve", "--kv-cache-dtype", "q4_0"])
+    assert "argument --kv-cache-dtype: invalid choice: 'q4_0'" in capsys.readouterr().err

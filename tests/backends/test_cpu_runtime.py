@@ -135,5 +135,6 @@ def test_switchyard_backends_says_what_the_cpu_runtime_chose(capsys, monkeypatch
     out = capsys.readouterr().out
     assert "dtype auto = bfloat16 (of float32, bfloat16); float32 for gguf, int4 (integer products)" in out
     assert "instruction sets (--cpu-isa): portable, avx2 (auto: avx2)" in out
+    assert "KV cache (--kv-cache-dtype): auto, int8, fp8_e4m3fn, fp8_e5m2" in out
     assert (f"runtime (serve --runtime tuned): allocator tcmalloc ({TCMALLOC.path}); OpenMP Intel OpenMP "
             f"({IOMP.path}); 2 threads on cores 0,1, bound") in out

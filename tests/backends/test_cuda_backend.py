@@ -2,6 +2,8 @@
 flash-attn choice, warm-up memory profiling and KV sizing, NCCL init and the launcher."""
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import json
 import os
@@ -103,6 +105,12 @@ def test_flash_attn_is_chosen_when_installed_and_fit(fake_flash_attn):
     fp32 = choose_attention(spec_of(block_size=256, dtype=torch.float32), fake_flash_attn)
     assert fp32.impl == "triton" and "fp16/bf16" in fp32.reason
     assert choose_attention(spec_of(), None).reason == "triton paged attention (flash-attn not installed)"
+    quantized = choose_attention(dataclasses.replace(spec_of(block_size=256), kv_cache_dtype="int8"), fake_flash_attn)
+    assert quantized.impl == "triton" and "it reads no int8 KV cache (--kv-cache-dtype)" in quantized.reason
+
+
+def test_the_cuda_backend_declares_the_quantized_kv_caches_its_triton_kernels_read():
+    assert CudaBackend().capabilities().kv_cache_dtypes == ("int8", "fp8_e4m3fn", "fp8_e5m2")
 
 
 def test_flash_kernel_passes_key_lengths_window_and_block_table(fake_flash_attn):
@@ -166,6 +174,16 @@ def test_engine_sizes_the_kv_cache_from_the_profiled_free_memory():
     assert engine.info.num_kv_blocks == int(39 * MiB * KV_HEADROOM) // bytes_per_block
     assert device.calls.index("reset_peak_memory_stats") < device.calls.index("mem_get_info")
     assert engine.backend.available_memory_bytes() == 39 * MiB
+
+
+def test_a_quantized_kv_cache_holds_more_blocks_in_the_same_memory():
+    """--kv-cache-dtype int8: one byte a value and a 4-byte scale a row (head_dim 16 here: 20 bytes
+    against float32's 64), so the same profiled memory holds 3.2x the blocks."""
+    device = FakeDevice(free=40 * MiB, total=80 * MiB, allocated=100 * MiB, peak=101 * MiB)
+    engine = make_engine(CpuCudaBackend(device, kernel=DeviceReferenceKernel), num_blocks=None, kv_cache_dtype="int8")
+    bytes_per_block = 2 * 2 * 4 * 2 * (16 + 4)  # k+v, layers, block, kv heads, head dim's codes and the scale
+    assert engine.info.num_kv_blocks == int(39 * MiB * KV_HEADROOM) // bytes_per_block
+    assert {cache.dtype for cache in engine.runner.kv_caches} == {torch.int8}
 
 
 def test_init_device_uses_local_rank_and_joins_nccl(monkeypatch):

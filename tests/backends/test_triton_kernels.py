@@ -1,7 +1,9 @@
 """The Triton kernels of the CUDA/ROCm backend against the plain-torch references.
 
 Without a GPU they run under Triton's interpreter (numpy, one program at a time),
-so shapes stay small; with a CUDA device the same tests run compiled kernels.
+so shapes stay small; with a CUDA device the same tests run compiled kernels. Quantized KV
+caches (--kv-cache-dtype int8, fp8_e4m3fn, fp8_e5m2) are written as core/kv/quantized.py's rows
+and read against the reference over the same codes.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import torch
 
 from triton_interpreter import DEVICE, ON_GPU, RUNS_HERE, rerun_in_fresh_process, skip_unless_runnable  # noqa: E402  (first: sets TRITON_INTERPRET)
 
-from switchyard.core.backend import AttentionMetadata, AttentionSpec  # noqa: E402
+from switchyard.core.backend import KV_CACHE_FORMATS, AttentionMetadata, AttentionSpec  # noqa: E402
+from switchyard.core.kv.quantized import quantize_rows  # noqa: E402
 from switchyard.core.layers import RMSNorm, SiluAndMul, apply_rotary  # noqa: E402
 from switchyard.core.layers.rotary import RotaryEmbedding  # noqa: E402
 from switchyard.core.ops.attention import ReferenceAttentionKernel, paged_attention_reference  # noqa: E402
@@ -72,7 +75,8 @@ def ragged_batch(rng: random.Random, block_size: int) -> list[tuple[int, int]]:
 
 
 def random_step(spec: AttentionSpec, lens, seed: int, num_blocks: int = 48, max_query_len: int | None = None):
-    """(meta, cache with the step's K/V written by the reference, query) on DEVICE."""
+    """(meta, cache with the step's K/V written by the reference, query) on DEVICE; the cache's rows
+    quantized where the spec's cache is (--kv-cache-dtype)."""
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     meta = make_meta(lens, spec.block_size, num_blocks, rng, max_query_len)
     num_tokens = meta.query_start_loc_cpu[-1]
@@ -80,6 +84,8 @@ def random_step(spec: AttentionSpec, lens, seed: int, num_blocks: int = 48, max_
     key, value = (torch.randn(num_tokens, spec.num_kv_heads, spec.head_dim, generator=gen) for _ in range(2))
     write_kv_reference(key, value, cache, meta.slot_mapping.cpu())
     query = torch.randn(num_tokens, spec.num_heads, spec.head_dim, generator=gen)
+    if spec.quantized_cache:
+        return meta, quantize_rows(cache, spec.cache_dtype).view(spec.cache_dtype).to(DEVICE), query.to(DEVICE, spec.dtype)
     return meta, cache.to(DEVICE, spec.dtype), query.to(DEVICE, spec.dtype)
 
 
@@ -228,6 +234,78 @@ def test_kernel_class_matches_reference_kernel():
     kernel = TritonAttentionKernel(spec)
     kernel.write_kv(key, value, cache, meta)
     assert torch.equal(cache.cpu(), expected_cache)
+    torch.testing.assert_close(kernel.forward(query, cache, meta).cpu(), reference(spec, meta, cache, query),
+                               **TOLERANCE[spec.dtype])
+
+
+QUANTIZED_CASES = [  # kv_cache_dtype, dtype, block_size, group, head_dim, window, soft_cap
+    ("int8", torch.float32, 16, 2, 64, None, None),
+    ("int8", torch.bfloat16, 8, 3, 128, 7, 3.0),
+    ("fp8_e4m3fn", torch.float32, 32, 4, 64, None, 2.0),
+    ("fp8_e4m3fn", torch.float16, 16, 1, 64, 9, None),
+    ("fp8_e5m2", torch.float32, 8, 2, 128, 5, None),
+    ("fp8_e5m2", torch.bfloat16, 16, 4, 64, None, None),
+]
+
+
+@pytest.mark.parametrize("kv_cache_dtype,dtype,block_size,group,head_dim,window,soft_cap", QUANTIZED_CASES)
+def test_paged_attention_reads_quantized_caches(kv_cache_dtype, dtype, block_size, group, head_dim, window, soft_cap):
+    """Ragged batches over a quantized cache: codes turned into values in the kernel, scales
+    applied to scores and weights, the reference's output over the same codes."""
+    seed = zlib.crc32(repr((kv_cache_dtype, dtype, block_size, group)).encode()) % 10_000
+    spec = make_spec(group, block_size, head_dim, dtype=dtype, sliding_window=window, soft_cap=soft_cap,
+                     kv_cache_dtype=kv_cache_dtype)
+    meta, cache, query = random_step(spec, ragged_batch(random.Random(seed), block_size), seed)
+    assert cache.dtype == KV_CACHE_FORMATS[kv_cache_dtype] and cache.shape[-1] == head_dim + 4
+    out = triton_attention(spec, meta, cache, query)
+    assert out.dtype == dtype and out.shape == query.shape
+    torch.testing.assert_close(out.cpu(), reference(spec, meta, cache, query), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", sorted(KV_CACHE_FORMATS))
+def test_decode_over_a_quantized_cache_with_kv_splits(kv_cache_dtype):
+    spec = make_spec(group=4, block_size=8, sliding_window=40, kv_cache_dtype=kv_cache_dtype)
+    meta, cache, query = random_step(spec, [(1, 1), (1, 7), (1, 150), (1, 33)], seed=4)
+    out = triton_attention(spec, meta, cache, query, num_kv_splits=4)
+    torch.testing.assert_close(out.cpu(), reference(spec, meta, cache, query), **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", sorted(KV_CACHE_FORMATS))
+@pytest.mark.parametrize("key_dtype", [torch.bfloat16, torch.float32])
+def test_write_kv_stores_quantized_rows_and_skips_negative_slots(kv_cache_dtype, key_dtype):
+    """The reference's bytes (quantize_rows: codes and scale per token and head) at each slot; a
+    padded row's slot untouched."""
+    code = KV_CACHE_FORMATS[kv_cache_dtype]
+    rng, gen = random.Random(2), torch.Generator().manual_seed(2)
+    meta = make_meta([(1, 9), (6, 20)], 8, 16, rng)
+    slots = meta.slot_mapping.clone()
+    slots[2] = -1
+    qkv = torch.randn(slots.shape[0], 8, 64, generator=gen).to(key_dtype)
+    key, value = qkv[:, 4:6], qkv[:, 6:8]  # strided views of a fused projection
+    cache = quantize_rows(torch.randn(2, 16, 8, 2, 64, generator=gen), code).view(code)
+    expected = cache.clone()
+    keep = slots.cpu() >= 0
+    write_kv_reference(key[keep], value[keep], expected, slots.cpu()[keep])
+    device_cache = on_device(cache)
+    kernels.write_kv(on_device(key), on_device(value), device_cache, slots)
+    assert torch.equal(device_cache.cpu().view(torch.uint8), expected.view(torch.uint8))
+    assert not torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))  # something was written
+    untouched = meta.slot_mapping[2].item()
+    assert torch.equal(device_cache.cpu().view(torch.uint8).flatten(1, 2)[:, untouched],
+                       cache.view(torch.uint8).flatten(1, 2)[:, untouched])
+
+
+def test_kernel_class_over_a_quantized_cache():
+    spec = make_spec(group=3, block_size=16, dtype=torch.bfloat16, sliding_window=12, kv_cache_dtype="fp8_e4m3fn")
+    meta, cache, query = random_step(spec, [(1, 30), (1, 4), (10, 25), (4, 4)], seed=11)
+    gen = torch.Generator().manual_seed(0)
+    key, value = (torch.randn(query.shape[0], 2, 64, generator=gen).to(DEVICE, spec.dtype) for _ in range(2))
+    expected_cache = cache.cpu().clone()
+    ReferenceAttentionKernel(spec).write_kv(key.cpu(), value.cpu(), expected_cache, dataclasses.replace(
+        meta, slot_mapping=meta.slot_mapping.cpu()))
+    kernel = TritonAttentionKernel(spec)
+    kernel.write_kv(key, value, cache, meta)
+    assert torch.equal(cache.cpu().view(torch.uint8), expected_cache.view(torch.uint8))
     torch.testing.assert_close(kernel.forward(query, cache, meta).cpu(), reference(spec, meta, cache, query),
                                **TOLERANCE[spec.dtype])
 

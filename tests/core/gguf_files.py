@@ -52,8 +52,9 @@ def _stored(hf_name: str, gguf_name: str, tensor: torch.Tensor, config: Any, arc
     return weights
 
 
-def write_gguf(hf_model: torch.nn.Module, path: str) -> None:
-    """`hf_model` (float32, transformers) as a float32 GGUF file at `path`."""
+def write_gguf(hf_model: torch.nn.Module, path: str, pooling_type: int | None = None) -> None:
+    """`hf_model` (float32, transformers) as a float32 GGUF file at `path`; `pooling_type`:
+    llama.cpp's `{arch}.pooling_type` (1 mean, 2 cls, 3 last: an embedding file), None: not written."""
     from gguf import GGUFWriter
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
@@ -65,6 +66,10 @@ def write_gguf(hf_model: torch.nn.Module, path: str) -> None:
     state = hf_model.state_dict()
     writer = GGUFWriter(path, architecture)
     _metadata(writer, config, architecture)
+    if pooling_type is not None:
+        from gguf import PoolingType
+
+        writer.add_pooling_type(PoolingType(pooling_type))
     tied = getattr(config, "tie_word_embeddings", False)
     for gguf_name, hf_name in sorted(to_hf.items()):
         if hf_name not in state or (tied and hf_name == "lm_head.weight"):

@@ -4,7 +4,7 @@ from types import MethodType, SimpleNamespace
 import pytest
 import torch
 
-from switchyard.core.backend import DEFAULT_MEMORY_FRACTION, Backend
+from switchyard.core.backend import DEFAULT_MEMORY_FRACTION, AttentionSpec, Backend
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from switchyard.core.engine.core import EngineCore, num_kv_blocks_for
 from switchyard.core.params import SamplingParams, ValidationError
@@ -75,7 +75,7 @@ def test_prompt_that_can_never_fit_is_rejected(tiny_model_dir):
 
 
 def test_kv_capacity_is_sized_from_available_memory():
-    spec = SimpleNamespace(block_size=16, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+    spec = AttentionSpec(num_heads=2, num_kv_heads=2, head_dim=8, block_size=16, scale=1.0, dtype=torch.float32)
     loaded = SimpleNamespace(attention_spec=spec, num_layers=3)
     backend = SimpleNamespace(available_memory_bytes=lambda: 10 * 2**20)
     backend.num_kv_blocks = MethodType(Backend.num_kv_blocks, backend)  # the default policy

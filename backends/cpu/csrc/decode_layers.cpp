@@ -8,7 +8,8 @@
 //   hidden += delta; x = rms_norm(hidden) * w1        (delta: the previous layer's MLP output)
 //   qkv = x W_qkv^T (+ b)
 //   [q_norm, k_norm: per-head RMSNorm]  rotary on q and k  (the model's cos / signed-sin tables)
-//   k, v -> the paged cache at slot_mapping (a negative slot writes nothing)
+//   k, v -> the paged cache at slot_mapping (a negative slot writes nothing; a quantized cache,
+//           --kv-cache-dtype, takes each head's row quantized: kv_rows.h)
 //   a = paged decode attention (paged_decode.h, reading the cache in place)
 //   hidden += a W_o^T; x = rms_norm(hidden) * w2
 //   delta = (silu(x W_g^T) * x W_u^T) W_d^T
@@ -41,6 +42,7 @@
 
 #include "block_matmul.h"
 #include "elementwise.h"
+#include "kv_rows.h"
 #include "paged_decode.h"
 #include "row_matmul.h"
 #include "extension_library.h"
@@ -141,10 +143,11 @@ void add_rms_norm(T* hidden, const T* delta, const T* weight, T* out, int64_t M,
 // The attention prologue of each row of qkv [M, (H + 2 Hkv) D], in place: Qwen3's per-head
 // RMSNorm of q and k (when given), rotary on the first `rot` dims of every q and k head (the
 // model's cos / signed-sin tables, [M, rot] each), then k and v into the paged cache
-// [2, blocks, block_size, Hkv, D] at the row's slot (a negative slot writes nothing).
-template <typename T>
+// [2, blocks, block_size, Hkv, D] of C (T itself, or a quantized cache's code, whose rows are
+// D codes and a scale) at the row's slot (a negative slot writes nothing).
+template <typename T, typename C>
 void attention_prologue(T* qkv, int64_t M, int64_t heads, int64_t kv_heads, int64_t D, int64_t rot, const T* cos,
-                        const T* sin, const T* q_norm, const T* k_norm, float eps, const int64_t* slots, T* cache,
+                        const T* sin, const T* q_norm, const T* k_norm, float eps, const int64_t* slots, C* cache,
                         int64_t kv_half) {
   const int64_t width = (heads + 2 * kv_heads) * D, kv_size = kv_heads * D;
   at::parallel_for(0, M, row_grain(width), [&](int64_t begin, int64_t end) {
@@ -156,8 +159,16 @@ void attention_prologue(T* qkv, int64_t M, int64_t heads, int64_t kv_heads, int6
         if (norm != nullptr) elementwise::add_rms_norm_row<T>(head, nullptr, norm, head, D, eps);
         elementwise::rotary_head(head, cos + m * rot, sin + m * rot, rot);
       }
-      if (slots[m] >= 0) {
-        const T* k = row + heads * D;
+      if (slots[m] < 0) continue;
+      const T* k = row + heads * D;
+      if constexpr (kv_rows::Format<C>::kQuantized) {
+        const int64_t W = D + kv_rows::kScaleBytes;
+        C* keys = cache + slots[m] * kv_heads * W;
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          kv_rows::quantize_row(k + h * D, D, keys + h * W);
+          kv_rows::quantize_row(k + kv_size + h * D, D, keys + kv_half + h * W);
+        }
+      } else {
         std::copy(k, k + kv_size, cache + slots[m] * kv_size);
         std::copy(k + kv_size, k + 2 * kv_size, cache + kv_half + slots[m] * kv_size);
       }
@@ -231,11 +242,20 @@ struct DecodeLayers : torch::CustomClassHolder {
       TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == width, "decode_layers: qkv output");
       T* qp = qkv.data_ptr<T>();
       const at::Tensor& cache = caches[i];
-      TORCH_CHECK(cache.scalar_type() == hidden.scalar_type() && cache.is_contiguous(), "decode_layers: cache dtype");
-      attention_prologue<T>(qp, M, num_heads, num_kv_heads, D, rotary_dim, cos.data_ptr<T>(), sin.data_ptr<T>(),
-                            layer.q_norm ? layer.q_norm->data_ptr<T>() : nullptr,
-                            layer.k_norm ? layer.k_norm->data_ptr<T>() : nullptr, e, slots.data_ptr<int64_t>(),
-                            cache.data_ptr<T>(), cache.stride(0));
+      const bool quantized = kv_rows::is_quantized(cache.scalar_type());
+      TORCH_CHECK((quantized || cache.scalar_type() == hidden.scalar_type()) && cache.is_contiguous(),
+                  "decode_layers: cache dtype");
+      const auto prologue = [&](auto* cache_data) {
+        attention_prologue(qp, M, num_heads, num_kv_heads, D, rotary_dim, cos.data_ptr<T>(), sin.data_ptr<T>(),
+                           layer.q_norm ? layer.q_norm->data_ptr<T>() : nullptr,
+                           layer.k_norm ? layer.k_norm->data_ptr<T>() : nullptr, e, slots.data_ptr<int64_t>(),
+                           cache_data, cache.stride(0));
+      };
+      if (quantized) {
+        kv_rows::visit_quantized(cache.scalar_type(), [&](auto code) { prologue(cache.data_ptr<decltype(code)>()); });
+      } else {
+        prologue(cache.data_ptr<T>());
+      }
       at::Tensor attention = at::empty({M, num_heads, D}, hidden.options());
       paged::paged_decode(attention, qkv.narrow(1, 0, q_size).view({M, num_heads, D}), cache, block_table, seq_lens,
                           scale, layer.window, soft_cap);

@@ -6,9 +6,11 @@
 // The task walks its positions through the block table (a block's rows hold every KV head
 // side by side, so it reads whole blocks), scores them against the queries and keeps an
 // online (flash-decoding) softmax in float32: a running max m, a running sum l and an
-// unnormalised output acc per query head. float32 and bfloat16 caches; queries and outputs
-// in the cache's dtype; accumulation in float32. Scale, sliding window and soft cap as
-// AttentionSpec declares them.
+// unnormalised output acc per query head. float32 and bfloat16 caches, queries and outputs in
+// the cache's dtype; or a quantized cache (kv_rows.h: int8, float8_e4m3fn or float8_e5m2 codes
+// with a float32 scale per row, --kv-cache-dtype), queries and outputs in float32 or bfloat16,
+// its codes converted to float32 as they are read (no float8 arithmetic is needed). Accumulation
+// in float32. Scale, sliding window and soft cap as AttentionSpec declares them.
 //
 // Work is spread with at::parallel_for over the tasks. A request longer than kSplit positions
 // is split into ranges of kSplit (flash-decoding's split-KV), and the ranges' (m, l, acc) are
@@ -21,7 +23,8 @@
 // paged_decode_simd.h; otherwise the portable loops below, written for the compiler to
 // vectorise (-O3, -march=native, -fopenmp-simd).
 //
-// Layouts: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim] contiguous;
+// Layouts: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim (+ 4 scale bytes when
+// quantized)] contiguous;
 // query/out [B, num_heads, head_dim] (last dim contiguous); block_table [>=B, W] int32;
 // seq_lens [>=B] int32 (the request's length including the token being decoded).
 #include <ATen/core/Tensor.h>
@@ -35,6 +38,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kv_rows.h"
 #include "paged_decode_simd.h"
 
 namespace {
@@ -50,11 +54,11 @@ constexpr int64_t kMaxBlock = 256;      // tokens per cache block
 // requests 1.00-1.06x (the extra merges); at 128 positions, 32-64 requests took 1.01-1.09x.
 constexpr int64_t kSplit = 256;
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+using kv_rows::code_to_float;
 
 struct Shape {
   int64_t block_size, num_kv_heads, head_dim, group, table_width;
+  int64_t row;      // elements of one (token, KV head) row: head_dim, and a quantized row's scale
   int64_t kv_half;  // elements between the key and the value half of the cache
   int64_t q_stride0, q_stride1, o_stride0, o_stride1;
   float scale, soft_cap;
@@ -81,10 +85,16 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// A row's n values (a quantized row's codes times its scale) into buffer.
 template <typename T>
 inline void row_to_float(const T* row, float* buffer, int64_t n) {
+  if constexpr (kv_rows::Format<T>::kQuantized) {
+    const float scale = kv_rows::row_scale(row, n);
+    for (int64_t i = 0; i < n; ++i) buffer[i] = code_to_float(row[i]) * scale;
+  } else {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) buffer[i] = to_float(row[i]);
+    for (int64_t i = 0; i < n; ++i) buffer[i] = code_to_float(row[i]);
+  }
 }
 
 // One task's attention over positions [lo, hi) of KV head h, one cache block at a time
@@ -92,14 +102,14 @@ inline void row_to_float(const T* row, float* buffer, int64_t n) {
 template <typename T>
 void attend_range_portable(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
                            int64_t hi, int64_t h, float* m, float* l, float* acc) {
-  const int64_t D = s.head_dim, G = s.group, bs = s.block_size, row_stride = s.num_kv_heads * D;
+  const int64_t D = s.head_dim, G = s.group, bs = s.block_size, row_stride = s.num_kv_heads * s.row;
   float scores[kMaxGroup * kMaxBlock], row[kMaxHeadDim];
   std::fill(acc, acc + G * D, 0.0f);
   std::fill(m, m + G, -INFINITY);
   std::fill(l, l + G, 0.0f);
   for (int64_t block = lo / bs; block * bs < hi; ++block) {
     const int64_t first = std::max(lo, block * bs), n = std::min(hi, (block + 1) * bs) - first;
-    const T* keys = cache + (static_cast<int64_t>(table[block]) * bs + (first - block * bs)) * row_stride + h * D;
+    const T* keys = cache + (static_cast<int64_t>(table[block]) * bs + (first - block * bs)) * row_stride + h * s.row;
     for (int64_t t = 0; t < n; ++t) {
       row_to_float(keys + t * row_stride, row, D);
       for (int64_t g = 0; g < G; ++g) {
@@ -235,7 +245,7 @@ using RangeFn = void (*)(const Shape&, const float*, const T*, const int32_t*, i
 template <typename T, int64_t kD, int64_t kG>
 void attend_range_simd(const Shape& s, const float* q, const T* cache, const int32_t* table, int64_t lo,
                          int64_t hi, float* m, float* l, float* acc) {
-  const paged_decode_simd::Rows rows{cache, table, s.block_size, s.num_kv_heads, s.kv_half};
+  const paged_decode_simd::Rows rows{cache, table, s.block_size, s.num_kv_heads, s.kv_half, s.row};
   paged_decode_simd::attend_range<T, kD, kG>(rows, q, s.head_dim, s.group, s.soft_cap, lo, hi, m, l, acc);
 }
 
@@ -262,15 +272,16 @@ RangeFn<T> choose_arithmetic(const Shape& s) {
   return &attend_heads_portable<T>;
 }
 
-template <typename T>
+// Queries and outputs of type Q, the cache of element type C (Q itself, or a quantized code).
+template <typename Q, typename C>
 void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
          const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t batch) {
-  const T* queries = query.const_data_ptr<T>();
-  T* outs = out.data_ptr<T>();
-  const T* cache = kv_cache.const_data_ptr<T>();
+  const Q* queries = query.const_data_ptr<Q>();
+  Q* outs = out.data_ptr<Q>();
+  const C* cache = kv_cache.const_data_ptr<C>();
   const int32_t* tables = block_table.const_data_ptr<int32_t>();
   const TaskPlan plan = plan_tasks(s, seq_lens.const_data_ptr<int32_t>(), batch);
-  const RangeFn<T> attend = choose_arithmetic<T>(s);
+  const RangeFn<C> attend = choose_arithmetic<C>(s);
   const int64_t HG = s.num_kv_heads * s.group, D = s.head_dim, stride = HG * (D + 2);
   std::vector<float> parts(plan.num_tasks() > batch ? plan.num_tasks() * stride : 0);
   const std::vector<int64_t> bounds = balance(plan, at::get_num_threads());
@@ -279,9 +290,9 @@ void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const a
     float *q = buffer.data(), *acc = q + HG * D, *m = acc + HG * D, *l = m + HG;
     for (int64_t task = bounds[first]; task < bounds[last]; ++task) {
       const TaskRange r = task_range(plan, task);
-      const T* qb = queries + r.b * s.q_stride0;
+      const Q* qb = queries + r.b * s.q_stride0;
       for (int64_t j = 0; j < HG; ++j) {
-        for (int64_t d = 0; d < D; ++d) q[j * D + d] = to_float(qb[j * s.q_stride1 + d]) * s.scale;
+        for (int64_t d = 0; d < D; ++d) q[j * D + d] = code_to_float(qb[j * s.q_stride1 + d]) * s.scale;
       }
       attend(s, q, cache, tables + r.b * s.table_width, r.lo, r.hi, m, l, acc);
       if (r.ranges == 1) {
@@ -309,8 +320,11 @@ void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_dim] tensor");
   TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && query.sizes() == out.sizes(), "query/out must be [B, H, D]");
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == kv_cache.scalar_type(),
-              "query, out and kv_cache must share a dtype");
+  const at::ScalarType cache_type = kv_cache.scalar_type(), query_type = query.scalar_type();
+  const bool quantized = kv_rows::is_quantized(cache_type);
+  TORCH_CHECK(out.scalar_type() == query_type && (quantized ? query_type == at::kFloat || query_type == at::kBFloat16
+                                                            : query_type == cache_type),
+              "query and out must share the cache's dtype (or, over a quantized cache, be float32 or bfloat16)");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query/out must be contiguous in head_dim");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "block_table and seq_lens must be int32");
@@ -318,20 +332,30 @@ void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_
               "block_table must be [rows, width] with contiguous rows");
   const int64_t batch = query.size(0), heads = query.size(1), head_dim = query.size(2);
   const int64_t kv_heads = kv_cache.size(3);
-  TORCH_CHECK(kv_cache.size(4) == head_dim && heads % kv_heads == 0, "head shapes do not match the cache");
+  const int64_t row = head_dim + (quantized ? kv_rows::kScaleBytes : 0);
+  TORCH_CHECK(kv_cache.size(4) == row && heads % kv_heads == 0, "head shapes do not match the cache");
   TORCH_CHECK(heads / kv_heads <= kMaxGroup && heads <= kMaxHeads && head_dim <= kMaxHeadDim &&
                   kv_cache.size(2) <= kMaxBlock,
               "group, heads, head_dim or block size too large");
   TORCH_CHECK(block_table.size(0) >= batch && seq_lens.size(0) >= batch, "fewer block-table rows than queries");
-  Shape s{kv_cache.size(2), kv_heads, head_dim, heads / kv_heads, block_table.stride(0),
+  Shape s{kv_cache.size(2), kv_heads, head_dim, heads / kv_heads, block_table.stride(0), row,
           kv_cache.stride(0), query.stride(0), query.stride(1), out.stride(0), out.stride(1),
           static_cast<float>(scale), static_cast<float>(soft_cap), window};
-  if (kv_cache.scalar_type() == at::kFloat) {
-    run<float>(s, out, query, kv_cache, block_table, seq_lens, batch);
-  } else if (kv_cache.scalar_type() == at::kBFloat16) {
-    run<c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  if (quantized) {
+    kv_rows::visit_quantized(cache_type, [&](auto code) {
+      using C = decltype(code);
+      if (query_type == at::kFloat) {
+        run<float, C>(s, out, query, kv_cache, block_table, seq_lens, batch);
+      } else {
+        run<c10::BFloat16, C>(s, out, query, kv_cache, block_table, seq_lens, batch);
+      }
+    });
+  } else if (cache_type == at::kFloat) {
+    run<float, float>(s, out, query, kv_cache, block_table, seq_lens, batch);
+  } else if (cache_type == at::kBFloat16) {
+    run<c10::BFloat16, c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, batch);
   } else {
-    TORCH_CHECK(false, "paged_decode supports float32 and bfloat16 caches, not ", kv_cache.scalar_type());
+    TORCH_CHECK(false, "paged_decode supports float32, bfloat16 and quantized (int8, float8) caches, not ", cache_type);
   }
 }
 

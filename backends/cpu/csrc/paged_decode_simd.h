@@ -14,8 +14,13 @@
 //           head dim and group are compile-time constants.
 // Rows are converted bf16 -> float32 once per row (a shift of the 16 bits), then shared
 // by the group's heads. head_dim must be a multiple of 16.
+//
+// A quantized cache (kv_rows.h: one-byte codes and a float32 scale per row) is read as its
+// codes, converted by vec16::load; a tile's 16 scores are multiplied by their keys' 16 scales
+// after the reduction, and each value row's scale is folded into its softmax weight.
 #pragma once
 
+#include "kv_rows.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -28,22 +33,32 @@ namespace paged_decode_simd {
 using vec16::V;
 constexpr int64_t kTile = 16;  // rows per tile: one score vector
 
-// What a task needs to find its rows: `table` is the request's block-table row.
+// What a task needs to find its rows: `table` is the request's block-table row; `row` the
+// elements of one (token, KV head) row: head_dim, and a quantized row's scale bytes.
 struct Rows {
   const void* cache;
   const int32_t* table;
-  int64_t block_size, num_kv_heads, kv_half;
+  int64_t block_size, num_kv_heads, kv_half, row;
 };
 
 // One tile (n <= 16 rows, `key` their first KV head's key rows) for the G query heads of
-// KV head h: scores, online softmax update of m[G], l[G], and acc[G * D] += p * v.
+// KV head h (its rows at `offset`): scores, online softmax update of m[G], l[G], and
+// acc[G * D] += p * v.
 template <typename T, int64_t kD, int64_t kG>
 inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t kv_half, const float* q,
                         int64_t head_dim, int64_t group, float soft_cap, float* m, float* l, float* acc) {
   const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, C = D / 16;
   constexpr int64_t kAcc = kD > 0 && kG > 0 ? kD / 16 * kG : 16 * 16;  // registers of acc
+  constexpr bool kScaled = kv_rows::Format<T>::kQuantized;
   V a[kAcc], partial[16 * kTile];  // partial: [G][kTile]; 16 is the largest group
   alignas(64) float p[16 * kTile];
+  alignas(64) float key_scale[kScaled ? kTile : 1], value_scale[kScaled ? kTile : 1];
+  if constexpr (kScaled) {
+    for (int64_t t = 0; t < kTile; ++t) {
+      key_scale[t] = t < n ? kv_rows::row_scale(key[t] + offset, D) : 0.0f;
+      value_scale[t] = t < n ? kv_rows::row_scale(key[t] + kv_half + offset, D) : 0.0f;
+    }
+  }
   for (int64_t t = 0; t < n; ++t) {
     V k[kD > 0 ? kD / 16 : 16];
     for (int64_t c = 0; c < C; ++c) k[c] = vec16::load(key[t] + offset + 16 * c);
@@ -56,6 +71,7 @@ inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t 
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = n; t < kTile; ++t) partial[g * kTile + t] = vec16::zero();
     V s = vec16::hsum(partial + g * kTile);
+    if constexpr (kScaled) s = vec16::mul(s, vec16::load(key_scale));
     if (soft_cap > 0.0f) s = vec16::soft_cap(s, soft_cap);
     s = vec16::first(s, n, -INFINITY);
     const float new_max = std::max(m[g], vec16::reduce_max(s));
@@ -63,7 +79,11 @@ inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t 
     const V e = vec16::first(vec16::exp(vec16::sub(s, vec16::set1(new_max))), n, 0.0f);
     l[g] = l[g] * alpha + vec16::reduce_add(e);
     m[g] = new_max;
-    vec16::store(p + g * kTile, e);
+    if constexpr (kScaled) {
+      vec16::store(p + g * kTile, vec16::mul(e, vec16::load(value_scale)));
+    } else {
+      vec16::store(p + g * kTile, e);
+    }
     const V scale = vec16::set1(alpha);
     for (int64_t c = 0; c < C; ++c) a[g * C + c] = vec16::mul(vec16::load(acc + g * D + 16 * c), scale);
   }
@@ -85,8 +105,8 @@ inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t 
 template <typename T, int64_t kD, int64_t kG>
 void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t group, float soft_cap, int64_t lo,
                   int64_t hi, float* m, float* l, float* acc) {
-  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, H = rows.num_kv_heads;
-  const int64_t row_stride = H * D;
+  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, H = rows.num_kv_heads, W = rows.row;
+  const int64_t row_stride = H * W;
   const T* cache = static_cast<const T*>(rows.cache);
   std::fill(acc, acc + H * G * D, 0.0f);
   std::fill(m, m + H * G, -INFINITY);
@@ -125,7 +145,7 @@ void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t gr
     for (int64_t t = 0; t < n; ++t) key[t] = next_row(reading);
     for (int64_t h = 0; h < H; ++h) {
       prefetch(ahead * (h + 1) / H - ahead * h / H);
-      attend_tile<T, kD, kG>(key, n, h * D, rows.kv_half, q + h * G * D, D, G, soft_cap, m + h * G, l + h * G,
+      attend_tile<T, kD, kG>(key, n, h * W, rows.kv_half, q + h * G * D, D, G, soft_cap, m + h * G, l + h * G,
                              acc + h * G * D);
     }
   }

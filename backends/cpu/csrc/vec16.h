@@ -8,6 +8,8 @@
 #include <immintrin.h>
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 
 #include <cmath>
 #include <cstdint>
@@ -45,6 +47,21 @@ inline V load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V load(const c10::BFloat16* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))};
+}
+// 16 one-byte codes of a quantized KV cache row (kv_rows.h), as float32: int8 exactly; float8 through
+// the float16 of the same value (e5m2 is float16's top byte; e4m3fn's bits moved into a float16
+// 2^8 smaller, whose conversion also takes the subnormals), so no float8 arithmetic is needed.
+inline V load(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+inline __m256i codes16(const void* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+inline __m256i e4m3_as_half(__m256i b) {
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+  return _mm256_or_si256(sign, _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7));
+}
+inline V load(const c10::Float8_e5m2* p) { return {_mm512_cvtph_ps(_mm256_slli_epi16(codes16(p), 8))}; }
+inline V load(const c10::Float8_e4m3fn* p) {
+  return {_mm512_mul_ps(_mm512_cvtph_ps(e4m3_as_half(codes16(p))), _mm512_set1_ps(256.0f))};
 }
 inline void store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
 inline V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -111,6 +128,24 @@ inline __m256 bf16x8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 inline V load(const c10::BFloat16* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+// quantized KV codes, as the AVX-512 loads above
+inline V load(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline __m256i codes16(const void* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+inline __m256i e4m3_as_half(__m256i b) {
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+  return _mm256_or_si256(sign, _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7));
+}
+inline V halves(__m256i h) {
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+}
+inline V load(const c10::Float8_e5m2* p) { return halves(_mm256_slli_epi16(codes16(p), 8)); }
+inline V load(const c10::Float8_e4m3fn* p) {
+  const V v = halves(e4m3_as_half(codes16(p)));
+  return {_mm256_mul_ps(v.lo, _mm256_set1_ps(256.0f)), _mm256_mul_ps(v.hi, _mm256_set1_ps(256.0f))};
+}
 inline void store(float* p, V a) { _mm256_storeu_ps(p, a.lo), _mm256_storeu_ps(p + 8, a.hi); }
 #define SY_VEC16_BINARY(name, op) \
   inline V name(V a, V b) { return {op(a.lo, b.lo), op(a.hi, b.hi)}; }

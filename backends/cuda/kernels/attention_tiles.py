@@ -8,6 +8,13 @@ in float32 (log2 domain: exp2 with log2(e) folded into the scale). With
 NUM_SPLITS > 1 (decode only) the key range is cut into NUM_SPLITS parts, each
 program writes an unnormalised partial result and `_combine_splits_kernel`
 merges them (flash-decoding).
+
+A quantized cache (KV_FORMAT > 0, --kv-cache-dtype: per token and KV head, head_dim one-byte
+codes and a float32 scale, core/kv/quantized.py) is read as bytes: the codes are turned into
+their values by integer and float16 bit moves (`_code_values`: no float8 instruction, so any GPU
+and the interpreter run it; each value is exact in the query's dtype), the tile's scores are
+multiplied by their keys' scales after the dot, and the values' scales are folded into the
+softmax weights before the second dot.
 """
 from __future__ import annotations
 
@@ -81,21 +88,43 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
 
 
 @triton.jit
-def _attend_key_tile(q, m_i, l_i, acc, cache_ptr, block_row_ptr, key_start, seq_len, row_pos, kv_head_offset,
-                     sliding_window, scale, soft_cap, dims, stride_cache_kv, stride_cache_block, stride_cache_slot,
-                     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _code_values(codes, KV_FORMAT: tl.constexpr):
+    """One-byte codes (uint8) -> their float32 values: 1 int8, 2 float8_e4m3fn (its bits moved into
+    a float16 2^8 smaller, subnormals included), 3 float8_e5m2 (float16's top byte)."""
+    if KV_FORMAT == 1:
+        values = codes.to(tl.int8, bitcast=True).to(tl.float32)
+    elif KV_FORMAT == 2:
+        bits = codes.to(tl.uint16)
+        half = ((bits & 0x80) << 8) | ((bits & 0x7F) << 7)
+        values = half.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    else:
+        values = (codes.to(tl.uint16) << 8).to(tl.float16, bitcast=True).to(tl.float32)
+    return values
+
+
+@triton.jit
+def _attend_key_tile(q, m_i, l_i, acc, cache_ptr, scale_ptr, block_row_ptr, key_start, seq_len, row_pos,
+                     kv_head_offset, sliding_window, scale, soft_cap, dims, stride_cache_kv, stride_cache_block,
+                     stride_cache_slot, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     UPCAST_DOT: tl.constexpr):
+                     UPCAST_DOT: tl.constexpr, KV_FORMAT: tl.constexpr):
     """One online-softmax step over keys [key_start, key_start + TILE_N)."""
     key_pos = key_start + tl.arange(0, TILE_N)
     key_valid = key_pos < seq_len
     block_ids = tl.load(block_row_ptr + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
     slots = block_ids * stride_cache_block + (key_pos % BLOCK_SIZE) * stride_cache_slot + kv_head_offset
     dim_valid = dims < HEAD_DIM
-    k = tl.load(cache_ptr + slots[None, :] + dims[:, None], mask=key_valid[None, :] & dim_valid[:, None], other=0.0)
+    k = tl.load(cache_ptr + slots[None, :] + dims[:, None], mask=key_valid[None, :] & dim_valid[:, None], other=0)
     v = tl.load(cache_ptr + stride_cache_kv + slots[:, None] + dims[None, :],
-                mask=key_valid[:, None] & dim_valid[None, :], other=0.0)
+                mask=key_valid[:, None] & dim_valid[None, :], other=0)
+    if KV_FORMAT != 0:  # codes; each row's float32 scale follows its HEAD_DIM bytes (4-aligned)
+        k = _code_values(k, KV_FORMAT)
+        v = _code_values(v, KV_FORMAT)
+        key_scale = tl.load(scale_ptr + (slots + HEAD_DIM) // 4, mask=key_valid, other=0.0)
+        value_scale = tl.load(scale_ptr + (stride_cache_kv + slots + HEAD_DIM) // 4, mask=key_valid, other=0.0)
     scores = _dot(q, k.to(q.dtype), DOT_PRECISION, UPCAST_DOT)
+    if KV_FORMAT != 0:
+        scores = scores * key_scale[None, :]
     if USE_SOFT_CAP:
         scores = soft_cap * _tanh(scores * (scale / soft_cap)) * LOG2E
     else:
@@ -108,6 +137,8 @@ def _attend_key_tile(q, m_i, l_i, acc, cache_ptr, block_row_ptr, key_start, seq_
     p = tl.exp2(scores - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    if KV_FORMAT != 0:
+        p = p * value_scale[None, :]
     acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), DOT_PRECISION, UPCAST_DOT)
     return m_new, l_i, acc
 
@@ -129,7 +160,7 @@ def _store_result(out_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, ac
 
 
 @triton.jit(do_not_specialize=["num_requests", "sliding_window"])
-def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, scale_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
                            partial_out_ptr, partial_max_ptr, partial_sum_ptr,
                            num_requests, num_heads, scale, soft_cap, sliding_window,
                            stride_query_token, stride_query_head, stride_out_token, stride_out_head,
@@ -139,7 +170,7 @@ def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, block_table_ptr, seq_l
                            BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_Q: tl.constexpr, DECODE_ONLY: tl.constexpr, NUM_SPLITS: tl.constexpr,
                            USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                           UPCAST_DOT: tl.constexpr):
+                           UPCAST_DOT: tl.constexpr, KV_FORMAT: tl.constexpr):
     request, first_query = _locate_tile(query_start_loc_ptr, num_requests, BLOCK_Q, DECODE_ONLY)
     if request >= num_requests:
         return
@@ -169,11 +200,11 @@ def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, block_table_ptr, seq_l
     block_row_ptr = block_table_ptr + request.to(tl.int64) * stride_block_table
     kv_head_offset = kv_head.to(tl.int64) * stride_cache_head
     for key_tile in range(begin, end):
-        m_i, l_i, acc = _attend_key_tile(q, m_i, l_i, acc, cache_ptr, block_row_ptr, key_tile * TILE_N, seq_len,
-                                         row_pos, kv_head_offset, sliding_window, scale, soft_cap, dims,
+        m_i, l_i, acc = _attend_key_tile(q, m_i, l_i, acc, cache_ptr, scale_ptr, block_row_ptr, key_tile * TILE_N,
+                                         seq_len, row_pos, kv_head_offset, sliding_window, scale, soft_cap, dims,
                                          stride_cache_kv, stride_cache_block, stride_cache_slot,
                                          BLOCK_SIZE, TILE_N, HEAD_DIM, USE_WINDOW, USE_SOFT_CAP, DOT_PRECISION,
-                                         UPCAST_DOT)
+                                         UPCAST_DOT, KV_FORMAT)
     _store_result(out_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, acc, m_i, l_i, token, head, dims,
                   row_valid, split, num_heads, stride_out_token, stride_out_head, HEAD_DIM, NUM_SPLITS)
 

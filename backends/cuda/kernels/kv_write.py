@@ -3,12 +3,18 @@
 Cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
 (0 = keys, 1 = values). A slot is `block * block_size + offset`; a negative slot
 means "skip this row", so padded rows of a captured CUDA graph write nothing.
+
+A quantized cache (--kv-cache-dtype int8, fp8_e4m3fn, fp8_e5m2: its dtype is the code's) takes
+the rows of core/kv/quantized.py's quantize_rows (head_dim codes and a float32 scale, as bytes:
+torch ops, no host sync, so a graph captures them), scattered by the same kernel as bytes.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from switchyard.core.kv.quantized import is_quantized, quantize_rows
 
 
 @triton.jit
@@ -37,10 +43,15 @@ def _write_kv_kernel(key_ptr, value_ptr, cache_ptr, slot_mapping_ptr,
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """key/value [T, num_kv_heads, head_dim] (last dim contiguous, any token/head
-    stride); slot_mapping [>= T] int32/int64, negative = skip. Casts to the cache dtype."""
-    num_tokens, num_kv_heads, head_dim = key.shape
+    stride); slot_mapping [>= T] int32/int64, negative = skip. Casts to the cache dtype, or
+    quantizes into a quantized cache."""
+    num_tokens = key.shape[0]
     if num_tokens == 0:
         return
+    if is_quantized(kv_cache):  # its rows, as bytes
+        key, value = quantize_rows(key, kv_cache.dtype), quantize_rows(value, kv_cache.dtype)
+        kv_cache = kv_cache.view(torch.uint8)
+    num_kv_heads, head_dim = key.shape[1:]
     if key.stride(-1) != 1 or value.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("write_kv needs the head dimension contiguous in key, value and kv_cache")
     _, _, block_size, cache_heads, cache_dim = kv_cache.shape

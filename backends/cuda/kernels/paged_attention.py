@@ -5,6 +5,9 @@ tokens), with grouped-query heads, sliding window and logit soft-capping.
 Everything the grid depends on is a shape or a Python bound the caller fixes
 (`max_query_len`, `num_kv_splits`): no `.item()`, no host sync, so a decode step
 can be captured in a CUDA graph and replayed with new metadata tensors.
+
+A quantized cache (its dtype int8, float8_e4m3fn or float8_e5m2, --kv-cache-dtype) is passed as
+bytes, and again as float32 words for its rows' scales; KV_FORMATS gives the kernel its format.
 """
 from __future__ import annotations
 
@@ -13,11 +16,15 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from switchyard.core.backend import KV_SCALE_BYTES
+
 from .attention_tiles import combine_splits_kernel, paged_attention_kernel
 
 MAX_KV_SPLITS = 64
 PROGRAMS_PER_SM = 4  # flash-decoding target: enough programs in flight to saturate HBM
 MIN_DOT_SIZE = 16  # tl.dot needs every dimension >= 16 on GPUs
+# A quantized cache's dtype -> the kernel's KV_FORMAT (attention_tiles._code_values); 0 = values.
+KV_FORMATS = {torch.int8: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
 @dataclass(frozen=True)
@@ -76,8 +83,14 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
     else:
         num_row_tiles = num_tokens // tiles.block_q + num_requests
     partials = _partial_buffers(num_tokens, num_heads, head_dim, num_splits, query.device)
+    kv_format = KV_FORMATS.get(kv_cache.dtype, 0)
+    if kv_format:  # bytes, and the same bytes as float32 words (the rows' scales)
+        kv_cache = kv_cache.view(torch.uint8)
+        scales = kv_cache.view(torch.float32)
+    else:
+        scales = kv_cache
     paged_attention_kernel[(num_row_tiles, num_kv_heads, num_splits)](
-        out, query, kv_cache, block_table, seq_lens, query_start_loc, *partials,
+        out, query, kv_cache, scales, block_table, seq_lens, query_start_loc, *partials,
         num_requests, num_heads, scale, 1.0 if soft_cap is None else soft_cap,
         0 if sliding_window is None else sliding_window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -86,7 +99,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
         BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
         DECODE_ONLY=decode_only, NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None,
         USE_SOFT_CAP=soft_cap is not None, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=query.device.type == "cpu", num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        UPCAST_DOT=query.device.type == "cpu", KV_FORMAT=kv_format, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages)
     if num_splits > 1:
         combine_splits_kernel[(num_requests, num_heads)](
             out, *partials, query_start_loc, num_heads, out.stride(0), out.stride(1),
@@ -97,7 +111,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
 def _check_shapes(query: torch.Tensor, kv_cache: torch.Tensor, num_kv_splits: int) -> None:
     num_heads, head_dim = query.shape[1:]
     num_kv_heads, cache_dim = kv_cache.shape[3:]
-    if cache_dim != head_dim or num_heads % num_kv_heads:
+    row = head_dim + (KV_SCALE_BYTES if kv_cache.dtype in KV_FORMATS else 0)
+    if cache_dim != row or num_heads % num_kv_heads:
         raise ValueError(f"query {tuple(query.shape)} does not fit kv_cache {tuple(kv_cache.shape)}")
     if query.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("paged_attention needs the head dimension contiguous in query and kv_cache")
