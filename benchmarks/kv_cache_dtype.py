@@ -91,7 +91,8 @@ def measure_accuracy(args) -> list[tuple[str, str, dict]]:
                                                      kv_cache_dtype=name)
         figures = accuracy.compare(floats, quantized, wins, args.ctx)
         rows.append(("switchyard", f"{name} vs float32", figures))
-        accuracy.log(f"{name}: KL {figures['mean_kl']:.3e}, top-1 {figures['top1_pct']:.2f}%, score {info['score_s']} s")
+        accuracy.log(f"{name}: KL {figures['mean_kl']:.3e}, top-1 {figures['top1_pct']:.2f}%, "
+                     f"score {info['score_s']} s")
     return rows
 
 
@@ -222,7 +223,8 @@ def main() -> int:
         print("|---|" + "---|" * (1 + len(args.dtypes)))
         for context in args.kernel_context:
             times = kernel_microseconds(args, context)
-            cells = [f"{times['auto']:.0f}"] + [f"{times[n]:.0f} ({times['auto'] / times[n]:.2f}x)" for n in args.dtypes]
+            cells = [f"{times['auto']:.0f}"] + [f"{times[n]:.0f} ({times['auto'] / times[n]:.2f}x)"
+                                                for n in args.dtypes]
             print(f"| {context} | " + " | ".join(cells) + " |", flush=True)
         results = measure_speed(args)
         if not results:

@@ -211,7 +211,8 @@ def test_a_quantized_cache_holds_more_tokens_in_the_default_budget(monkeypatch):
     few = with_usable_tokens(CacheConfig(kv_cache_dtype="int8"), max_num_seqs=2, max_model_len=2048,
                              model_dtype_block_bytes=BYTES_PER_BLOCK)
     assert CpuBackend().num_kv_blocks(INT8_BYTES_PER_BLOCK, few) == 4096 // 16 + 1
-    same = with_usable_tokens(CacheConfig(), max_num_seqs=256, max_model_len=8192, model_dtype_block_bytes=BYTES_PER_BLOCK)
+    same = with_usable_tokens(CacheConfig(), max_num_seqs=256, max_model_len=8192,
+                              model_dtype_block_bytes=BYTES_PER_BLOCK)
     assert CpuBackend().num_kv_blocks(BYTES_PER_BLOCK, same) == DEFAULT_KV_TOKENS // 16 + 1  # auto: as before
 
 

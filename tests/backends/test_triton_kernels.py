@@ -85,7 +85,8 @@ def random_step(spec: AttentionSpec, lens, seed: int, num_blocks: int = 48, max_
     write_kv_reference(key, value, cache, meta.slot_mapping.cpu())
     query = torch.randn(num_tokens, spec.num_heads, spec.head_dim, generator=gen)
     if spec.quantized_cache:
-        return meta, quantize_rows(cache, spec.cache_dtype).view(spec.cache_dtype).to(DEVICE), query.to(DEVICE, spec.dtype)
+        quantized = quantize_rows(cache, spec.cache_dtype).view(spec.cache_dtype)
+        return meta, quantized.to(DEVICE), query.to(DEVICE, spec.dtype)
     return meta, cache.to(DEVICE, spec.dtype), query.to(DEVICE, spec.dtype)
 
 

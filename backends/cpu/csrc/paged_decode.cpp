@@ -15,8 +15,9 @@ void quantize_kv_rows(const at::Tensor& x, at::Tensor out) {
   kv_rows::visit_quantized(out.scalar_type(), [&](auto code) {
     using C = decltype(code);
     C* rows = out.data_ptr<C>();
+    const int64_t W = D + kv_rows::kScaleBytes;
     const auto quantize = [&](const auto* values) {
-      for (int64_t n = 0; n < x.size(0); ++n) kv_rows::quantize_row(values + n * D, D, rows + n * (D + kv_rows::kScaleBytes));
+      for (int64_t n = 0; n < x.size(0); ++n) kv_rows::quantize_row(values + n * D, D, rows + n * W);
     };
     if (x.scalar_type() == at::kFloat) {
       quantize(x.const_data_ptr<float>());
