@@ -195,3 +195,23 @@ class InternalErrors:
                 await error.render(dialect_for_path(scope["path"]))(scope, receive, send)
             elif not state["ended"]:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def renamed_error(error: GatewayError, params, words) -> GatewayError:
+    """`error` in another dialect's field names than the chat route's it was raised in: `params`,
+    (compiled pattern, replacement) pairs, the first that matches renames its param; `words`,
+    (chat word, dialect word) pairs, replace words of its message. `error` itself where nothing
+    changes."""
+    param = error.param
+    for pattern, replacement in params:
+        if param is not None and pattern.search(param):
+            param = pattern.sub(replacement, param)
+            break
+    message = error.message
+    for chat_word, word in words:
+        message = message.replace(chat_word, word)
+    if param == error.param and message == error.message:
+        return error
+    renamed = GatewayError(error.kind, message, param)
+    renamed.__cause__ = error
+    return renamed

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from ..errors import GatewayError, invalid
+from ..errors import GatewayError, invalid, renamed_error
 from ..openai.schemas import ChatCompletionRequest
 
 _ROLES = ("user", "assistant")
@@ -306,16 +306,4 @@ _WORDS = (("max_completion_tokens", "max_tokens"), ("stop supports", "stop_seque
 
 def anthropic_error(error: GatewayError) -> GatewayError:
     """`error` with the Anthropic field names in place of the chat ones."""
-    param = error.param
-    for pattern, replacement in _PARAMS:
-        if param is not None and pattern.search(param):
-            param = pattern.sub(replacement, param)
-            break
-    message = error.message
-    for chat_word, word in _WORDS:
-        message = message.replace(chat_word, word)
-    if param == error.param and message == error.message:
-        return error
-    renamed = GatewayError(error.kind, message, param)
-    renamed.__cause__ = error
-    return renamed
+    return renamed_error(error, _PARAMS, _WORDS)

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from ..errors import GatewayError, invalid
+from ..errors import GatewayError, invalid, renamed_error
 from .schemas import ChatCompletionRequest
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -230,16 +230,4 @@ _WORDS = (("response_format", "text.format"), ("max_completion_tokens", "max_out
 
 def responses_error(error: GatewayError) -> GatewayError:
     """`error` with the Responses field names in place of the chat ones."""
-    param = error.param
-    for pattern, replacement in _PARAMS:
-        if param is not None and pattern.search(param):
-            param = pattern.sub(replacement, param)
-            break
-    message = error.message
-    for chat_word, word in _WORDS:
-        message = message.replace(chat_word, word)
-    if param == error.param and message == error.message:
-        return error
-    renamed = GatewayError(error.kind, message, param)
-    renamed.__cause__ = error
-    return renamed
+    return renamed_error(error, _PARAMS, _WORDS)
