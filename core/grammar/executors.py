@@ -111,17 +111,23 @@ class ProcessExecutor:
         return process.pid if process is not None else None
 
     def run(self, spec: GrammarSpec, timeout_s: float) -> CompiledGrammar:
-        process, conn, cpu_before = self._hand_over(spec)
-        try:
-            if not conn.poll(timeout_s):
-                cpu_now = cpu_seconds(f"/proc/{process.pid}/stat")
+        # A worker that ends before it answers gets the spec once more, on a fresh worker: its end
+        # may have raced the hand-over (a send into a pipe that another process still held open
+        # succeeds), and a spec that kills its worker twice is the 503 below, not a loop.
+        for attempt in range(2):
+            process, conn, cpu_before = self._hand_over(spec)
+            try:
+                if not conn.poll(timeout_s):
+                    cpu_now = cpu_seconds(f"/proc/{process.pid}/stat")
+                    self._discard(process)
+                    raise CompileTimeout(None if None in (cpu_now, cpu_before) else cpu_now - cpu_before)
+                kind, payload = conn.recv()
+                break
+            except _CLOSED_UNDER_US as exc:  # killed under the compile (e.g. out of memory) or shut down
                 self._discard(process)
-                raise CompileTimeout(None if None in (cpu_now, cpu_before) else cpu_now - cpu_before)
-            kind, payload = conn.recv()
-        except _CLOSED_UNDER_US as exc:  # killed under the compile (e.g. out of memory) or shut down
-            self._discard(process)
-            raise GrammarUnavailable(f"the grammar compiler process ended unexpectedly ({exc or 'closed'})",
-                                     param_of(spec)) from None
+                if attempt or self._shut:
+                    raise GrammarUnavailable(f"the grammar compiler process ended unexpectedly ({exc or 'closed'})",
+                                             param_of(spec)) from None
         with self._lock:
             self._ends_in_a_row = 0
         if kind == "error":
