@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .pieces import Kind, Piece, held_suffix, without
+from .pieces import Kind, Piece, Splitter, held_suffix, without
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
@@ -29,19 +29,12 @@ FINAL_HEADER = CHANNEL + "final" + MESSAGE
 _TOOL_CALL = "call"  # a body passed through as it was written
 
 
-class HarmonySplitter:
+class HarmonySplitter(Splitter):
     def __init__(self, state: str, drops: tuple[str, ...] = ()):
         self._drops = tuple(d for d in drops if d and d not in _MARKERS)
         self._buffer = ""
         # "header" (reading one), or the body's destination: "reasoning", "content" or _TOOL_CALL
         self._state = {"thinking": "reasoning", "answer": "content"}.get(state, "header")
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buffer += text
-        return self._run(final=False)
-
-    def finish(self) -> list[Piece]:
-        return self._run(final=True)
 
     def _run(self, final: bool) -> list[Piece]:
         pieces: list[Piece] = []

@@ -6,16 +6,26 @@ end of a delta that may be the start of a marker (a marker split over deltas), a
 it out once the next delta, or `finish()`, tells."""
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal
 
 Kind = Literal["reasoning", "content"]
 Piece = tuple[Kind, str]
 
 
-class Splitter(Protocol):
-    def feed(self, text: str) -> list[Piece]: ...
+class Splitter:
+    """Buffers the deltas; a splitter's `_run` hands out what its buffer now tells (all of it
+    when `final`)."""
+    _buffer: str
 
-    def finish(self) -> list[Piece]: ...
+    def feed(self, text: str) -> list[Piece]:
+        self._buffer += text
+        return self._run(final=False)
+
+    def finish(self) -> list[Piece]:
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> list[Piece]:
+        raise NotImplementedError
 
 
 def held_suffix(text: str, markers: tuple[str, ...]) -> int:

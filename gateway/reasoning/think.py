@@ -14,10 +14,10 @@ The reasoning loses the whitespace around it, the answer the whitespace after th
 tokens are kept for the markers' sake) are removed wherever they appear."""
 from __future__ import annotations
 
-from .pieces import Piece, held_suffix, without
+from .pieces import Piece, Splitter, held_suffix, without
 
 
-class ThinkSplitter:
+class ThinkSplitter(Splitter):
     def __init__(self, start: str, end: str, state: str, drops: tuple[str, ...] = ()):
         self._start = start
         self._end = end
@@ -28,13 +28,6 @@ class ThinkSplitter:
         self._trailing = ""  # whitespace at the reasoning's end so far: dropped if the block ends there
         self._trim_answer = False  # an answer after a thinking block: its leading whitespace is dropped
         self._may_open = True  # the thinking may still begin with the start marker (dropped)
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buffer += text
-        return self._run(final=False)
-
-    def finish(self) -> list[Piece]:
-        return self._run(final=True)
 
     def _run(self, final: bool) -> list[Piece]:
         pieces: list[Piece] = []
