@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .backend_contract import (DEFAULT_MEMORY_FRACTION, KV_CACHE_FORMATS, KV_SCALE_BYTES, SINGLE_SHARD,
-                               AttentionKernel, AttentionMetadata, AttentionSpec, BackendInterface, Capabilities, Communicator, ProbeResult, ShardGroup,
-                               ShardInfo, ShardLauncher)
+                               AttentionKernel, AttentionMetadata, AttentionSpec, BackendInterface, Capabilities, Communicator, LoraBatch,
+                               LoraKernel, ProbeResult, ShardGroup, ShardInfo, ShardLauncher)
 from .config import EngineConfig
 
 if TYPE_CHECKING:
@@ -54,6 +54,11 @@ class Backend(BackendInterface):
         prepare_model)."""
         return None
 
+    def lora_kernel(self) -> LoraKernel | None:
+        """The batched low-rank kernel of LoRA adapters (core/lora), where Capabilities.lora says
+        the backend serves them; default none."""
+        return None
+
     def communicator(self) -> Communicator | None:
         """Default: none (no shards)."""
         return None
@@ -64,5 +69,5 @@ class Backend(BackendInterface):
 
 
 __all__ = ["DEFAULT_MEMORY_FRACTION", "KV_CACHE_FORMATS", "KV_SCALE_BYTES", "SINGLE_SHARD", "AttentionKernel", "AttentionMetadata", "AttentionSpec",
-           "Backend", "BackendInterface", "Capabilities", "Communicator", "ProbeResult", "ShardGroup", "ShardInfo",
+           "Backend", "BackendInterface", "Capabilities", "Communicator", "LoraBatch", "LoraKernel", "ProbeResult", "ShardGroup", "ShardInfo",
            "ShardLauncher"]

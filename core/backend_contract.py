@@ -80,6 +80,9 @@ class Capabilities:
     # Whether its runner hands back the final hidden states of pooling requests' tokens
     # (ModelRunner.last_pooling_hidden, core/pooling): an embedding model is refused at start where not.
     pooling: bool = True
+    # Whether it serves LoRA adapters (core/lora): then Backend.lora_kernel returns its batched
+    # low-rank kernel. --lora-adapters / --enable-lora are refused at start, in one line, where not.
+    lora: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,36 @@ class AttentionMetadata:
     @property
     def num_requests(self) -> int:
         return len(self.seq_lens_cpu)
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    """Which adapter each token of a step uses (core/lora), in two views of one fact.
+    token_slots [T] int32: the resident slot of each token's adapter, -1 for the base model (BGMV's
+    view); segments: host-side (start, stop, slot) runs of tokens with one slot >= 0, in token order
+    (SGMV's view: a request's tokens are contiguous, so a step has few runs)."""
+
+    token_slots: torch.Tensor
+    segments: tuple[tuple[int, int, int], ...]
+
+
+class LoraKernel(ABC):
+    """Batched low-rank deltas of many adapters in one step (punica's SGMV/BGMV): for each token t
+    with slot s = batch.token_slots[t] >= 0, y[t] += scales[s] * B[s] @ (A[s] @ x[t]). The stacks
+    hold every resident adapter of a layer, their ranks padded with zeros to the stack's R; rows of
+    tokens without an adapter are left as they are. Computed in the dtype of x (float32
+    accumulation), and a token's delta never depends on the other tokens of the step."""
+
+    @abstractmethod
+    def shrink(self, x: torch.Tensor, a: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+        """x [T, in], a [S, R, in] -> h [T, R] (h[t] = A[s] @ x[t]; rows of slot -1 unspecified)."""
+
+    @abstractmethod
+    def expand(self, y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scales: torch.Tensor,
+               batch: LoraBatch) -> None:
+        """y [T, out] += scales[s] * h[t] @ B[s].T in place, with b [S, out, R] and scales [S]
+        float32. y may be a column slice of a wider output (a fused projection's part): its rows
+        are strided."""
 
 
 class AttentionKernel(ABC):
@@ -287,6 +320,10 @@ class BackendInterface(ABC):
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, spec: AttentionSpec) -> list[torch.Tensor]:
         return [torch.zeros(spec.cache_shape(num_blocks), dtype=spec.cache_dtype, device=self.device)
                 for _ in range(num_layers)]
+
+    @abstractmethod
+    def lora_kernel(self) -> LoraKernel | None:
+        """Its batched low-rank kernel of LoRA adapters when Capabilities.lora; None when not."""
 
     @abstractmethod
     def communicator(self) -> Communicator | None:

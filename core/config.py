@@ -270,6 +270,25 @@ class TracingConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters served over the base model (core/lora): TGI's --lora-adapters, vLLM's
+    --enable-lora / --max-loras / --max-lora-rank."""
+
+    # (name, path) of the PEFT adapters served from the start (--lora-adapters name=path,...)
+    adapters: tuple[tuple[str, str], ...] = ()
+    # --enable-lora: adapters may be loaded at run time even when none is named at start
+    enable: bool = False
+    # adapters resident at once, the stacks' slots (one step uses at most this many)
+    max_loras: int = 8
+    # the largest rank an adapter may have (the stacks' R)
+    max_lora_rank: int = 64
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable or bool(self.adapters)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -278,6 +297,7 @@ class EngineConfig:
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     backend: str | None = None  # None = the best usable backend
     # Batch sizes whose decode steps backends with graph mode capture (TGI --cuda-graphs);
     # None = the backend's own buckets, () = no graphs.

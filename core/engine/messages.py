@@ -29,6 +29,8 @@ class EngineInfo:
     isa: str = ""  # the instruction-set level the backend's kernels run at (Backend.kernel_isa)
     # served for embeddings: how the model pools (core/pooling/spec.py); None: it generates
     pooling: PoolingSpec | None = None
+    # LoRA adapters (core/lora): the names served at start; None: adapters are off
+    lora_adapters: tuple[str, ...] | None = None
 
     @property
     def max_batch_total_tokens(self) -> int:
@@ -86,11 +88,28 @@ class CompileGrammar:
 
 
 @dataclass(frozen=True)
+class LoadLora:
+    """Load the PEFT adapter at `path` as `name` (core/lora); answered by `Settled(token, error)`."""
+
+    token: int
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class UnloadLora:
+    """Stop serving adapter `name` to new requests; answered by `Settled(token, error)`."""
+
+    token: int
+    name: str
+
+
+@dataclass(frozen=True)
 class Stop:
     pass
 
 
-Command = Union[AddRequests, Abort, CompileGrammar, Stop]
+Command = Union[AddRequests, Abort, CompileGrammar, LoadLora, UnloadLora, Stop]
 
 
 # -- events (engine loop -> owner) ---------------------------------------------------------

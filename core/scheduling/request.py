@@ -105,6 +105,8 @@ class Request:
     # A pooling request (core/pooling): its prompt is computed, pooled into one embedding and it
     # ends; it samples nothing (its sampling_params are not read). None: a generation request.
     pooling: PoolingParams | None = None
+    # The LoRA adapter it runs with (core/lora), by the name it was loaded under; None: the base model
+    lora_name: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
