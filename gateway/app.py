@@ -62,12 +62,14 @@ def create_app(settings: ServerSettings, client: EngineClient) -> FastAPI:
     _install_error_handlers(app)
     _install_common_routes(app, service, metrics)
     from .anthropic.routes import router as anthropic_router
+    from .lora.routes import router as lora_router
     from .openai.routes import router as openai_router
     from .sglang_worker import router as sglang_router
     from .tgi.routes import router as tgi_router
 
     app.include_router(anthropic_router)  # /v1/messages: Anthropic's dialect, errors in its shape
     app.include_router(openai_router)
+    app.include_router(lora_router)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     app.include_router(sglang_router)  # before TGI's: its /generate serves both bodies
     app.include_router(tgi_router)
     return app

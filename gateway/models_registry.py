@@ -38,9 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from switchyard.core.config import LoraConfig
 from switchyard.core.params import ValidationError
 
 from .errors import ErrorKind, GatewayError
+from .lora.adapters import LoraSettings
 from .settings import ServerSettings
 
 if TYPE_CHECKING:  # imported where used: `switchyard serve --help` reads only the flags here
@@ -165,8 +167,9 @@ class ModelRegistry:
         logger.info("loading model %s", entry.spec.name)
         # loaded at idle CPU priority, so the models serving beside it keep their pace (core/engine/priority.py)
         client = self._make(replace(entry.spec, config=replace(entry.spec.config, start_in_background=True)))
+        lora = self._settings.lora if entry.spec.name == self.default else LoraSettings()  # the default's flags
         service = GenerationService(client, replace(self._settings, model_id=entry.spec.name,
-                                                    served_model_names=()), self._metrics)
+                                                    served_model_names=(), lora=lora), self._metrics)
         client.on_step = lambda stats: self._metrics.observe_step(stats, client.info.block_size)
         client.start()
         entry.client, entry.service, entry.loaded_at = client, service, time.monotonic()
@@ -181,6 +184,13 @@ class ModelRegistry:
         await asyncio.gather(*(self._unload(e, "shutting down") for e in self.entries.values()
                                if e.loaded and e.spec.name != self.default), return_exceptions=True)
 
+    def adapter_owner(self, name: str | None) -> str | None:
+        """The loaded model that serves a LoRA adapter named `name` (gateway/lora), if one does."""
+        for entry_name, entry in self.entries.items():
+            if entry.service is not None and name in entry.service.adapters:
+                return entry_name
+        return None
+
     def cards(self) -> list[tuple[str, ModelEntry]]:
         return list(self.entries.items())
 
@@ -190,7 +200,11 @@ async def service_for(http_request, name: str | None) -> GenerationService:
     ?model=, else the default model)."""
     registry: ModelRegistry | None = http_request.app.state.models
     if registry is None:
-        return http_request.app.state.service
+        service = http_request.app.state.service
+        return service.with_adapter(name, "model") if name in service.adapters else service
+    owner = registry.adapter_owner(name)
+    if owner is not None:
+        return (await registry.service(owner)).with_adapter(name, "model")
     return await registry.service(name)
 
 
@@ -234,9 +248,9 @@ def model_specs(args: argparse.Namespace, config: EngineConfig, default_name: st
             raise ValidationError("give the models either with --model-id (repeated) or with --models, not both")
         return _file_specs(args.models, config, args.data_parallel_size)
     specs = [ModelSpec(default_name, config, args.data_parallel_size)]
-    for source in args.extra_models:
-        specs.append(ModelSpec(source.rstrip("/"), replace(config, model=replace(config.model, model=source)),
-                               args.data_parallel_size))
+    for source in args.extra_models:  # the LoRA flags name adapters of the default model only
+        specs.append(ModelSpec(source.rstrip("/"), replace(config, model=replace(config.model, model=source),
+                                                           lora=LoraConfig()), args.data_parallel_size))
     return specs
 
 
@@ -273,7 +287,8 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
             raise ValidationError(f"--models {path}: model {item['name']!r} has priority {priority!r} "
                                   f"(one of: {', '.join(PRIORITIES)})")
         specs.append(ModelSpec(item["name"], replace(config, model=model, parallel=parallel, cache=cache,
-                                                     serve_in_background=priority == "background"),
+                                                     serve_in_background=priority == "background",
+                                                     lora=config.lora if i == 0 else LoraConfig()),
                                int(item.get("replicas", replicas))))
     return specs
 

@@ -291,6 +291,25 @@ class ReplicaSetClient(EngineClient):
             raise EngineDeadError("no replica is serving")
         await serving[hash(spec) % len(serving)].client.compile_grammar(spec)
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """On every replica, or on none: one that refuses undoes the loads of the others."""
+        serving = self._serving()
+        if not serving:
+            raise EngineDeadError("no replica is serving")
+        results = await asyncio.gather(*(r.client.load_lora(name, path) for r in serving), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(*(r.client.unload_lora(name) for r, result in zip(serving, results)
+                                   if not isinstance(result, BaseException)), return_exceptions=True)
+            raise errors[0]
+
+    async def unload_lora(self, name: str) -> None:
+        results = await asyncio.gather(*(r.client.unload_lora(name) for r in self._serving()),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
         if self._supervisor is not None:

@@ -159,6 +159,9 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str])
     from .tool_parsers.flags import add_tool_parser_flags
 
     add_tool_parser_flags(parser, environ)
+    from .lora.flags import add_lora_flags
+
+    add_lora_flags(parser, environ)
 
 
 def _check_supported(args: argparse.Namespace) -> None:
@@ -216,7 +219,13 @@ def engine_config(args: argparse.Namespace):
                                 **_ray_parallel_options(args)),
         backend=args.backend, runtime=args.runtime, tracing=_tracing_config(args), isa=args.cpu_isa,
         quantized_activations=args.quantized_activations,
-        speculative=_speculative_config(args))
+        speculative=_speculative_config(args), lora=_lora_config(args))
+
+
+def _lora_config(args: argparse.Namespace):
+    from .lora.flags import lora_config
+
+    return lora_config(args)
 
 
 def _tracing_config(args: argparse.Namespace):
@@ -279,7 +288,15 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         json_output=args.json_output, disable_grammar_support=args.disable_grammar_support,
         graceful_shutdown_s=args.graceful_shutdown_timeout, grpc_port=args.grpc_port, version=_version(),
         tracing=_tracing_config(args), reasoning_parser=_reasoning_parser(args),
-        tool_call_parser=_tool_call_parser(args))
+        tool_call_parser=_tool_call_parser(args), lora=_lora_settings(args))
+
+
+def _lora_settings(args: argparse.Namespace):
+    from .lora.adapters import LoraSettings
+    from .lora.flags import allowed_dirs
+
+    config = _lora_config(args)
+    return LoraSettings(config.enabled, config.adapters, allowed_dirs(args))
 
 
 def _reasoning_parser(args: argparse.Namespace) -> str:

@@ -3,6 +3,7 @@ collect or merge outputs, and record metrics. Routes stay thin."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -16,6 +17,7 @@ from switchyard.core.pooling.params import PoolingParams
 from switchyard.core.scheduling.request import FinishReason, Request, RequestOutput, pooling_request
 
 from .errors import ErrorKind, GatewayError
+from .lora.adapters import LoraAdapters
 from .metrics import Metrics
 from .settings import Limits, ServerSettings
 from .tracing import current as current_trace
@@ -61,8 +63,8 @@ class Admission:
             return
         self._released = True
         service = self._service
-        service._in_flight -= 1
-        service.metrics.requests_in_flight.set(service._in_flight)
+        service._slots.in_flight -= 1
+        service.metrics.requests_in_flight.set(service._slots.in_flight)
         if error is None:
             service.metrics.request_success.inc()
         else:
@@ -105,13 +107,46 @@ def engine_error(exc: EngineDeadError | ValidationError) -> GatewayError:
     return GatewayError(ErrorKind.GENERATION, str(exc))
 
 
+class _Slots:
+    """Requests in flight on one engine, shared by its adapter views (GenerationService.with_adapter)."""
+
+    in_flight = 0
+
+
 class GenerationService:
+    """What the routes ask of one engine. A view of it bound to a LoRA adapter (with_adapter)
+    shares its client, limits and concurrency slots, and submits requests that run with the adapter."""
+
+    lora_name: str | None = None  # the adapter this view's requests run with (None: the base model)
+
     def __init__(self, client: EngineClient, settings: ServerSettings, metrics: Metrics):
         self.client = client
         self.settings = settings
         self.metrics = metrics
-        self._in_flight = 0
+        self._slots = _Slots()
         self._limits: Limits | None = None
+        self.adapters = LoraAdapters(settings.lora, (settings.model_id, *settings.served_model_names))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet released, of the engine and all its adapter views."""
+        return self._slots.in_flight
+
+    def with_adapter(self, name: str | None, param: str = "adapter_id") -> GenerationService:
+        """This service for requests naming `name` as their adapter: itself for None, "" or one of the
+        model's own names; a view bound to the adapter for a served one; a 404 naming `param` otherwise."""
+        if name in (None, "", self.settings.model_id, *self.settings.served_model_names):
+            return self
+        if not self.adapters.enabled:
+            raise GatewayError(ErrorKind.VALIDATION, f"LoRA adapters are not supported by this server (start it with "
+                               f"--lora-adapters or --enable-lora): `{param}` must be null. Given: {name!r}", param)
+        if name not in self.adapters:
+            served = ", ".join(n for n, _ in self.adapters.items()) or "none"
+            raise GatewayError(ErrorKind.MODEL_NOT_FOUND, f"no LoRA adapter named {name!r} is served "
+                               f"(adapters: {served})", param)
+        view = copy.copy(self)
+        view.lora_name = name
+        return view
 
     # -- what the routes ask -------------------------------------------------------
     @property
@@ -128,11 +163,11 @@ class GenerationService:
         """Take a concurrency slot or fail with 429 at once."""
         self.require_ready()
         self.metrics.request_count.inc()
-        if self._in_flight >= self.settings.max_concurrent_requests:
+        if self._slots.in_flight >= self.settings.max_concurrent_requests:
             self.metrics.request_failure.inc(err="overloaded")
             raise GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
-        self._in_flight += 1
-        self.metrics.requests_in_flight.set(self._in_flight)
+        self._slots.in_flight += 1
+        self.metrics.requests_in_flight.set(self._slots.in_flight)
         return Admission(self)
 
     def require_ready(self) -> None:
@@ -208,6 +243,7 @@ class GenerationService:
         for request in requests:
             if arrival_time is not None:
                 request.arrival_time = arrival_time
+            request.lora_name = self.lora_name
         trace = current_trace()
         if trace is not None:
             trace.on_submit(requests)

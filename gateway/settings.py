@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from switchyard.core.config import TracingConfig
 
+from .lora.adapters import LoraSettings
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -30,6 +32,7 @@ class ServerSettings:
     tracing: TracingConfig = field(default_factory=TracingConfig)  # --otlp-endpoint (gateway/tracing.py)
     reasoning_parser: str = "auto"  # --reasoning-parser (gateway/reasoning/select.py)
     tool_call_parser: str = "auto"  # --tool-call-parser (gateway/tool_parsers/select.py)
+    lora: LoraSettings = field(default_factory=LoraSettings)  # adapters (gateway/lora)
     version: str = "0.1.0"
 
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from .client_base import EngineClient, RequestStream
 from .channel import Channel, queue_pair
 from .loop import serve_engine
-from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, EngineLoad, LoadChanged,
-                              ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop)
+from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, EngineLoad, LoadChanged, LoadLora,
+                              ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop, UnloadLora)
 from ..errors import EngineDeadError
 from ..scheduling.request import Request, RequestOutput
 from ..text.serving_tokenizer import ServingTokenizer
@@ -146,14 +146,25 @@ class ChannelEngineClient(EngineClient):
     async def compile_grammar(self, spec: GrammarSpec) -> None:
         """Compiles on the engine's grammar workers (never on the step loop or this event
         loop); the later add_request of a request with this spec hits the cache."""
+        await self._command(lambda token: CompileGrammar(token, spec))
+
+    async def load_lora(self, name: str, path: str) -> None:
+        await self._command(lambda token: LoadLora(token, name, path))
+
+    async def unload_lora(self, name: str) -> None:
+        await self._command(lambda token: UnloadLora(token, name))
+
+    async def _command(self, make) -> None:
+        """Send the command `make(token)` and wait for the engine's Settled answer. Shielded: a
+        caller that goes away cancels neither the command (a compile others share, a load) nor
+        its answer, whose outcome is then nobody's (taken, so asyncio logs no "never retrieved")."""
         self._check_serving()
         token, future = self._expect_answer()
-        self._channel.send(CompileGrammar(token, spec))
-        # shielded: a caller that goes away must not cancel the compile others share
+        self._channel.send(make(token))
         try:
             await asyncio.shield(future)
-        except asyncio.CancelledError:  # its outcome (a shutdown's GrammarUnavailable) is nobody's now:
-            future.add_done_callback(_retrieved)  # taken, so asyncio logs no "never retrieved"
+        except asyncio.CancelledError:
+            future.add_done_callback(_retrieved)
             raise
 
     def abort(self, request_id: str) -> None:

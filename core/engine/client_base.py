@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .messages import EngineInfo, EngineLoad, StepStats
+from ..errors import ValidationError
 from ..scheduling.request import Request, RequestOutput
 
 if TYPE_CHECKING:
@@ -78,6 +79,15 @@ class EngineClient(ABC):
     async def compile_grammar(self, spec: GrammarSpec) -> None:
         """Compile (and cache) a grammar before submitting the request that uses it;
         raises GrammarError if it is invalid, unsupported or too slow to compile."""
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` as `name` (core/lora); raises the engine's refusal
+        (a bad adapter changes nothing). The default: this engine serves no adapters."""
+        raise ValidationError("this engine serves no LoRA adapters")
+
+    async def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name` to new requests (those running with it finish)."""
+        raise ValidationError("this engine serves no LoRA adapters")
 
     @property
     @abstractmethod

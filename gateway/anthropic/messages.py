@@ -48,7 +48,7 @@ async def submit_message(service, req: MessagesRequest) -> SubmittedMessage:
     where the chat route refuses it."""
     chat = chat_request(req)  # its errors name Anthropic's fields already
     try:
-        model = resolve_model(chat.model, service.settings)
+        model = resolve_model(chat.model, service)
         plan = replace(chat_plan(chat, service.settings, len(service.tokenizer), served_tool_format(service)), default_max_tokens=req.max_tokens)
         plan, prompt_ids = await prepared_prompt(service, chat, plan)
         params, = plan.sequence_params(service, len(prompt_ids), "messages")
@@ -91,7 +91,7 @@ async def count_tokens(req: CountTokensRequest, http_request: Request) -> dict:
     service.require_ready()
     chat = chat_request(req)
     try:
-        resolve_model(chat.model, service.settings)
+        resolve_model(chat.model, service)
         prompt_ids = await off_loop(chat_prompt_ids, service, chat, tool_plan(chat, service.settings, served_tool_format(service)))
     except GatewayError as exc:
         raise anthropic_error(exc) from exc

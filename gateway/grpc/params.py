@@ -69,12 +69,13 @@ class RequestParams:
     time_limit_s: float | None
 
 
-def check_adapter(request, settings: ServerSettings) -> None:
-    """LoRA adapters (adapter_id, and prefix_id before it) are not served."""
-    for field in ("adapter_id", "prefix_id"):
-        if request.HasField(field) and getattr(request, field) not in ("", settings.model_id):
-            raise invalid(f"adapters are not supported: `{field}` must be unset. Given: "
-                          f"{getattr(request, field)!r}", field)
+def adapter_service(request, service):
+    """The service a request runs on: the LoRA adapter's view of it for `adapter_id` (gateway/lora).
+    `prefix_id` (TGIS's prompt-tuning prefixes) is not served."""
+    if request.HasField("prefix_id") and request.prefix_id not in ("", service.settings.model_id):
+        raise invalid(f"prompt prefixes are not supported: `prefix_id` must be unset. Given: {request.prefix_id!r}",
+                      "prefix_id")
+    return service.with_adapter(request.adapter_id if request.HasField("adapter_id") else None)
 
 
 def check_batch(count: int, settings: ServerSettings) -> None:

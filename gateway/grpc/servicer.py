@@ -25,7 +25,7 @@ from ..pipeline import Pipeline, off_loop
 from ..service import Admission, GenerationService
 from ..structured import compiled
 from ..tgi.tokenize import simple_tokens
-from .params import (GrpcPlan, RequestParams, check_adapter, check_batch, plan_prompt,
+from .params import (GrpcPlan, RequestParams, adapter_service, check_batch, plan_prompt,
                      request_params)
 from .proto import generation_pb2 as pb
 from .proto import generation_pb2_grpc as pb_grpc
@@ -98,8 +98,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def _prepare(self, texts: list[str], p: pb.Parameters, request) -> tuple[list[GrpcPlan], list]:
         """Check and tokenize every prompt, pre-compile the grammar, submit all or none."""
-        service = self.service
-        check_adapter(request, service.settings)
+        service = adapter_service(request, self.service)
         check_batch(len(texts), service.settings)
         rp: RequestParams = request_params(p, service.settings)
         plans = [await off_loop(plan_prompt, service, text, rp) for text in texts]
@@ -146,9 +145,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     # -- Tokenize and ModelInfo -----------------------------------------------------------
     async def _tokenize(self, request: pb.BatchedTokenizeRequest) -> pb.BatchedTokenizeResponse:
-        service = self.service
+        service = adapter_service(request, self.service)
         service.require_ready()
-        check_adapter(request, service.settings)
         check_batch(len(request.requests), service.settings)
         return await off_loop(_tokenize_all, service.tokenizer, request)
 

@@ -42,7 +42,7 @@ class SubmittedChat:
 async def submit_chat(service, req: ChatCompletionRequest) -> SubmittedChat:
     """Parse (one plan, SamplingParams built once), render and tokenize off the event
     loop, check the lengths, pre-compile the grammar, submit every sequence."""
-    model = resolve_model(req.model, service.settings)
+    model = resolve_model(req.model, service)
     plan = chat_plan(req, service.settings, len(service.tokenizer), served_tool_format(service))
     plan, prompt_ids = await prepared_prompt(service, req, plan)
     params = plan.sequence_params(service, len(prompt_ids), "messages")

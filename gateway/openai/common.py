@@ -22,8 +22,12 @@ def served_model_names(settings: ServerSettings) -> list[str]:
     return list(dict.fromkeys((settings.model_id, *settings.served_model_names)))
 
 
-def resolve_model(name: str | None, settings: ServerSettings) -> str:
-    """The name to report for a request's `model`; 404 for a model that is not served."""
+def resolve_model(name: str | None, service) -> str:
+    """The name to report for a request's `model` on `service` (a GenerationService, or its view
+    bound to the LoRA adapter the name selected); 404 for a model that is not served."""
+    settings = service.settings
+    if name is not None and name == service.lora_name:
+        return name
     if name is None or name in PLACEHOLDER_MODEL_NAMES:
         return settings.model_id
     if name in served_model_names(settings):

@@ -31,7 +31,7 @@ async def create_completion(req: CompletionRequest, http_request: Request):
     pipeline = Pipeline(service)
 
     async def prepare():
-        model = resolve_model(req.model, service.settings)
+        model = resolve_model(req.model, service)
         plan = completion_plan(req, service.settings, len(service.tokenizer))
         prompts = await off_loop(_prompts, req, service)
         if plan.params.grammar is not None:

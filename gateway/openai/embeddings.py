@@ -75,7 +75,7 @@ def encoded(vector: array, encoding_format: str) -> list[float] | str:
 
 async def create_embeddings(req: EmbeddingRequest, http_request: Request):
     service = await service_for(http_request, req.model)
-    model = resolve_model(req.model, service.settings)  # a model that is not served: 404 before anything
+    model = resolve_model(req.model, service)  # a model that is not served: 404 before anything
     params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
     outputs = await embed(service, http_request, _inputs(req), params)
     data = [{"object": "embedding", "index": i, "embedding": encoded(out.embedding, req.encoding_format)}

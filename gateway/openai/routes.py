@@ -86,6 +86,10 @@ def _cards_of(name: str | None, service) -> list[dict]:
     settings = service.settings
     info = service.client.info
     max_model_len = service.limits.max_total_tokens if info is not None else None
-    return [{"id": name, "object": "model", "created": _STARTED, "owned_by": "switchyard",
-             "root": settings.model_id, "parent": None, "max_model_len": max_model_len}
-            for name in served_model_names(settings)]
+    cards = [{"id": name, "object": "model", "created": _STARTED, "owned_by": "switchyard",
+              "root": settings.model_id, "parent": None, "max_model_len": max_model_len}
+             for name in served_model_names(settings)]
+    # its LoRA adapters (gateway/lora), as vLLM lists them: the adapter's path as root, the base as parent
+    return cards + [{"id": adapter, "object": "model", "created": _STARTED, "owned_by": "switchyard",
+                     "root": path, "parent": settings.model_id, "max_model_len": max_model_len}
+                    for adapter, path in service.adapters.items()]

@@ -54,7 +54,9 @@ def _compute_type(service: GenerationService) -> str:
 
 async def _submit(service: GenerationService, inputs: str, parameters: GenerateParameters, stream: bool):
     """TGI's validation (in its order) and tokenization off the event loop, the grammar
-    pre-check (a grammar the engine cannot compile is a 422, not a failed stream), submit."""
+    pre-check (a grammar the engine cannot compile is a 422, not a failed stream), submit; with
+    `adapter_id`, through the adapter's view of the service (gateway/lora)."""
+    service = service.with_adapter(parameters.adapter_id)
     plan = await off_loop(plan_generation, service, inputs, parameters, stream=stream)
     if plan.params[0].grammar is not None:
         await compiled(service.client, plan.params[0].grammar, "grammar")

@@ -108,12 +108,6 @@ def grammar_spec(p: GenerateParameters, settings: ServerSettings) -> GrammarSpec
     return tgi_grammar_spec(p.grammar.type, p.grammar.value, "grammar")
 
 
-def check_unsupported(p: GenerateParameters, settings: ServerSettings) -> None:
-    if p.adapter_id not in (None, "", settings.model_id):
-        raise invalid(f"LoRA adapters are not supported: `adapter_id` must be null. Given: {p.adapter_id!r}",
-                      "adapter_id")
-
-
 def sampling_params(p: GenerateParameters, sampling: bool, max_new_tokens: int, seed: int | None,
                     decoder_input_details: bool, grammar: GrammarSpec | None = None) -> SamplingParams:
     """One engine request's parameters. Logprobs are always asked for: TGI reports
@@ -145,7 +139,6 @@ def plan_generation(service: GenerationService, inputs: str, p: GenerateParamete
     check_limits(p, settings, limits.max_input_tokens)
     if not inputs:
         raise invalid("`inputs` cannot be empty", "inputs")
-    check_unsupported(p, settings)
     grammar = grammar_spec(p, settings)
     prompt_ids = service.encode(inputs)
     if p.truncate is not None:

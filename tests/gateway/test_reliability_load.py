@@ -157,7 +157,7 @@ def test_a_thousand_concurrent_streams_are_held_429_past_the_limit_and_none_is_l
             deadline = time.monotonic() + 120
             while statuses.count(429) < total - limit and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            held = busy.app.state.service._in_flight
+            held = busy.app.state.service.in_flight
             gate.set()
             return held, await asyncio.gather(*tasks)
 
@@ -171,7 +171,7 @@ def test_a_thousand_concurrent_streams_are_held_429_past_the_limit_and_none_is_l
     assert len(refused) == total - limit and len(served) == limit
     assert all(_complete(results[i][1], openai=bool(i % 2)) for i in served)  # nothing lost
     busy.wait_idle()
-    assert busy.app.state.service._in_flight == 0
+    assert busy.app.state.service.in_flight == 0
 
 
 # -- 200 disconnects at random moments ---------------------------------------------------
@@ -214,7 +214,7 @@ def test_two_hundred_random_disconnects_give_every_block_back(tiny):
     storm_server.wait_idle(timeout=60)  # every request gone, every block back
     assert storm_server.client.num_unfinished == 0
     deadline = time.monotonic() + 10
-    while storm_server.app.state.service._in_flight and time.monotonic() < deadline:
+    while storm_server.app.state.service.in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert storm_server.app.state.service._in_flight == 0  # every admission slot released
+    assert storm_server.app.state.service.in_flight == 0  # every admission slot released
     assert _greedy(storm_server.base_url) == expected
