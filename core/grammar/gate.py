@@ -9,6 +9,10 @@ part is optional: an output that opens with `opener` is free until `after`, one 
 with anything else is constrained from its first token (a model that may answer without
 thinking, as Qwen3's template lets it).
 
+With `budget` (a thinking budget: vLLM's `thinking_token_budget`, Anthropic's
+`budget_tokens`), the free part is at most that many tokens before the end marker: once they
+are spent, the gate forces `after`, token by token (`forced`), and the answer follows.
+
 `step` is the one definition of which tokens are free: the engine's matcher
 (gated.py) follows it to mask and advance, and the gateway follows it to count an answer's
 reasoning tokens. The markers are matched as token sequences; a model whose marker is one
@@ -28,10 +32,12 @@ Phase = Literal["opening", "free", "constrained"]
 @dataclass(frozen=True)
 class GateState:
     """Where an output is: `opening` (`matched` opener tokens seen), `free` (`matched`: the
-    longest end of the output that begins `after`), or `constrained` (the grammar applies)."""
+    longest end of the output that begins `after`; `spent`: free tokens so far, the opener's
+    included), or `constrained` (the grammar applies)."""
 
     phase: Phase
     matched: int = 0
+    spent: int = 0
 
 
 CONSTRAINED = GateState("constrained")
@@ -41,6 +47,7 @@ CONSTRAINED = GateState("constrained")
 class GrammarGate:
     after: tuple[int, ...]
     opener: tuple[int, ...] = ()
+    budget: int | None = None  # free tokens before `after` is forced (None: no limit)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", tuple(int(t) for t in self.after))
@@ -48,6 +55,16 @@ class GrammarGate:
         if not self.after:
             raise ValidationError("a grammar gate needs the token sequence after which the grammar applies",
                                   "grammar")
+        if self.budget is not None and self.budget < 0:
+            raise ValidationError(f"a thinking budget must be at least 0, got {self.budget}", "thinking_token_budget")
+
+    def forced(self, state: GateState) -> int | None:
+        """The token the output must take next because the budget is spent (the end marker's
+        next token), or None where it is free to choose. The marker's own tokens are not counted
+        against the budget."""
+        if self.budget is None or state.phase != "free" or state.spent - state.matched < self.budget:
+            return None
+        return self.after[state.matched]
 
     def start(self) -> GateState:
         return GateState("opening") if self.opener else GateState("free")
@@ -66,7 +83,7 @@ class GrammarGate:
                 return CONSTRAINED, False
             return GateState("free"), True  # a broken opener (the engine never samples one): thinking all the same
         matched = self._advance(state.matched, token_id)
-        return (CONSTRAINED if matched == len(self.after) else GateState("free", matched)), True
+        return (CONSTRAINED if matched == len(self.after) else GateState("free", matched, state.spent + 1)), True
 
     def num_free(self, token_ids) -> int:
         """How many of an output's first tokens are free (its reasoning tokens)."""

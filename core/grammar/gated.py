@@ -1,7 +1,8 @@
 """A request's matcher behind a `GrammarGate` (gate.py): free until the gate opens, then the
 compiled grammar's matcher, which sees only the tokens after the gate.
 
-While free every token is allowed (an EOS ends the output there, as without a grammar);
+While free every token is allowed (an EOS ends the output there, as without a grammar),
+until a thinking budget is spent: then only the end marker's next token;
 at the start of an output with an optional opener, the grammar's first tokens and the
 opener's first token are allowed, and once the opener has begun only its next token.
 Rollback (speculative decoding) restores the gate's state and rolls the grammar's matcher
@@ -38,6 +39,9 @@ class GatedMatcher(GrammarMatcher):
         if self._state.phase == "opening" and self._state.matched \
                 and token_id != self._gate.opener[self._state.matched]:
             return False  # an opener, once begun, is finished
+        forced = self._gate.forced(self._state)
+        if forced is not None and token_id != forced:
+            return False  # the thinking budget is spent: the end marker, token by token
         state, free = self._gate.step(self._state, token_id)
         if not free and not self._inner.accept_token(token_id):
             return False
@@ -52,7 +56,12 @@ class GatedMatcher(GrammarMatcher):
         if state.phase == "constrained":
             self._inner.fill_bitmask(bitmask, row)
         elif state.phase == "free":
-            bitmask[row] = -1  # every bit: every token
+            forced = self._gate.forced(state)
+            if forced is None:
+                bitmask[row] = -1  # every bit: every token
+            else:
+                bitmask[row] = 0
+                _allow(bitmask, row, forced)
         elif state.matched == 0:
             self._inner.fill_bitmask(bitmask, row)
             _allow(bitmask, row, self._gate.opener[0])

@@ -54,6 +54,11 @@ class GrammarSpec:
         return cls("regex", pattern)
 
     @classmethod
+    def any_text(cls) -> GrammarSpec:
+        """Any text: what a gate (a thinking budget) constrains an answer that has no grammar to."""
+        return cls("regex", r"[\s\S]*")
+
+    @classmethod
     def structural(cls, tree: dict) -> GrammarSpec:
         """Fixed text, special tokens, JSON values and regexes composed (structural.py)."""
         return cls("structural", json.dumps(tree, separators=(",", ":")))

@@ -146,3 +146,45 @@ def _advanced(compiled, token_ids):
     for token_id in token_ids:
         assert matcher.accept_token(token_id)
     return matcher
+
+
+def test_a_spent_thinking_budget_forces_the_end_marker(compiled, ids):
+    end = tuple(ids("</think>"))
+    matcher = GatedMatcher(compiled.new_matcher(8), GrammarGate(end, budget=3), (EOS,), max_rollback_tokens=16)
+    thinking = ids("one two three four")
+    for token_id in thinking[:3]:
+        assert bool(allowed(matcher).all())
+        assert matcher.accept_token(token_id)
+    for token_id in end:  # spent: only the marker's next token, EOS included in what is refused
+        assert torch.equal(allowed(matcher), _only(token_id))
+        assert not matcher.accept_token(thinking[3]) and not matcher.accept_token(EOS)
+        assert matcher.accept_token(token_id)
+    assert torch.equal(allowed(matcher), allowed(compiled.new_matcher()))  # the grammar's, after the marker
+    matcher.rollback(len(end) + 1)  # back into the thinking: the budget has one token left again
+    assert bool(allowed(matcher).all())
+    gate = GrammarGate(end, budget=0)
+    assert gate.forced(gate.start()) == end[0]
+    early = GatedMatcher(compiled.new_matcher(), GrammarGate(end, budget=50), (EOS,))
+    for token_id in (*ids("short"), *end, *ids("123")):  # a model that ends sooner is not touched
+        assert early.accept_token(token_id)
+    assert early.can_terminate
+
+
+def test_the_engine_keeps_a_thinking_budget_without_a_grammar():
+    with LLM("llama-tiny", load_format="dummy", num_kv_blocks=64) as llm:
+        prompt = llm.tokenizer.encode("hello there", add_special_tokens=False)
+
+        def run(request_id: str, params: SamplingParams) -> list[int]:
+            llm.engine.add_request(Request(request_id, prompt, params))
+            token_ids = []
+            while llm.engine.has_unfinished_requests():
+                for out in llm.engine.step():
+                    assert out.error is None
+                    token_ids += out.new_token_ids
+            return token_ids
+
+        free = run("free", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+        marker = (free[7], free[8]) if free[7] != free[2] else (free[8], free[9])  # an "end marker" it writes late
+        budget = GrammarSpec.any_text().gated(GrammarGate(marker, budget=2))
+        out = run("budget", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, grammar=budget))
+        assert out[:2] == free[:2] and tuple(out[2:4]) == marker  # two free tokens, then the marker, forced
