@@ -8,7 +8,8 @@ refused with one line naming the model and what is supported (UnsupportedModelEr
 
 A model served for embeddings (core/pooling/decide.py) takes native code only, from
 EMBEDDING_TYPES: the Llama-family decoders without their output head (decoder_embedding.py)
-and the BERT-family encoders (bert.py), which serve nothing else.
+and the encoders (bert.py: BERT, RoBERTa, XLM-R; modernbert.py: ModernBERT), which serve
+nothing else.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .decoder_embedding import LlamaEmbeddingModel
 from .gemma import GemmaForCausalLM
 from .errors import UnsupportedModelError
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
+from .modernbert import ModernBertEmbeddingModel
 from .moe import MoeForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .sharding import check_shardable
@@ -46,6 +48,7 @@ ENCODER_TYPES: dict[str, type[nn.Module]] = {
     "bert": BertEmbeddingModel,
     "roberta": BertEmbeddingModel,
     "xlm-roberta": BertEmbeddingModel,
+    "modernbert": ModernBertEmbeddingModel,
 }
 EMBEDDING_TYPES: dict[str, type[nn.Module]] = {
     "llama": LlamaEmbeddingModel,
@@ -158,6 +161,6 @@ def model_class(hf_config: Any) -> type[nn.Module]:
 
 
 __all__ = ["BertEmbeddingModel", "EMBEDDING_TYPES", "ENCODER_TYPES", "LlamaEmbeddingModel", "is_encoder",
-           "GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_IMPLS", "MODEL_TYPES", "ModelChoice",
-           "UnsupportedModelError", "attention_specs", "check_shardable", "model_class", "needs_remote_code",
-           "select_model", "supported_summary"]
+           "ModernBertEmbeddingModel", "GemmaForCausalLM", "KernelFactory", "LlamaForCausalLM", "MODEL_IMPLS",
+           "MODEL_TYPES", "ModelChoice", "UnsupportedModelError", "attention_specs", "check_shardable", "model_class",
+           "needs_remote_code", "select_model", "supported_summary"]

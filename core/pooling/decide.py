@@ -1,11 +1,14 @@
 """The one decision of how a model is served: generation, or embeddings and how it pools.
 
 `--task` (ModelConfig.task, vLLM's `--task` / `--runner pooling`): "generate", "embed", or
-"auto", where the model's own files decide: an encoder (BERT, XLM-R) embeds; so does a
+"auto", where the model's own files decide: an encoder (BERT, XLM-R, ModernBERT) embeds; so does a
 sentence-transformers directory (modules.json) or a GGUF whose `pooling_type` is mean, CLS or
 last; anything else generates. Under "embed" the pooling comes from, in this order:
 `--pooling` (ModelConfig.pooling), the sentence-transformers Pooling module, the GGUF's
-`pooling_type`, else CLS for an encoder and the last token for a decoder (vLLM's defaults).
+`pooling_type`, else for an encoder its config's `classifier_pooling` where it has one
+(ModernBERT's "mean" or "cls": how its classification head pools, a hint for a checkpoint
+without sentence-transformers files), else CLS for an encoder and the last token for a decoder
+(vLLM's defaults).
 Normalisation: the sentence-transformers Normalize module where the model has such files, else
 on (llama.cpp's and vLLM's default). Matryoshka: the config's `is_matryoshka` /
 `matryoshka_dimensions` (vLLM reads the same keys)."""
@@ -42,18 +45,20 @@ def decide_pooling(task: str, pooling: str | None, hf_config: Any, encoder: bool
         raise UnsupportedModelError(f"GGUF {gguf_file} is a reranker (pooling_type rank), which is not served")
     if task == "auto" and not (encoder or st is not None or gguf in _GGUF_EMBEDDING):
         return None
-    method, origin = _method(pooling, st, gguf, encoder)
+    method, origin = _method(pooling, st, gguf, encoder, hf_config)
     normalize = st.normalize if st is not None else True
     return PoolingSpec(method, normalize, int(hf_config.hidden_size), *_matryoshka(hf_config), origin=origin)
 
 
-def _method(pooling: str | None, st, gguf: str | None, encoder: bool) -> tuple[str, str]:
+def _method(pooling: str | None, st, gguf: str | None, encoder: bool, hf_config: Any) -> tuple[str, str]:
     if pooling is not None:
         return pooling, "--pooling"
     if st is not None and st.method is not None:
         return st.method, "sentence-transformers config"
     if gguf in _GGUF_EMBEDDING:
         return gguf, "GGUF pooling_type"
+    if encoder and (hint := getattr(hf_config, "classifier_pooling", None)) in ("mean", "cls"):
+        return hint, "config classifier_pooling"
     return ("cls", "encoder default") if encoder else ("last", "decoder default")
 
 

@@ -90,6 +90,18 @@ def test_defaults_without_files_and_the_encoder_rule():
         decide_pooling("embed", "max", DECODER, False)
 
 
+def test_an_encoder_config_classifier_pooling_is_the_default_files_and_flags_override(tmp_path):
+    """ModernBERT's config says how its classification head pools: the default without
+    sentence-transformers files; --pooling and a Pooling module come first."""
+    modernbert = SimpleNamespace(model_type="modernbert", architectures=["ModernBertModel"], hidden_size=32,
+                                 classifier_pooling="mean")
+    spec = decide_pooling("auto", None, modernbert, True)
+    assert (spec.method, spec.normalize, spec.origin) == ("mean", True, "config classifier_pooling")
+    assert decide_pooling("auto", "cls", modernbert, True).origin == "--pooling"
+    spec = decide_pooling("auto", None, modernbert, True, directory=st_dir(tmp_path / "st", OLD_CLS))
+    assert (spec.method, spec.origin) == ("cls", "sentence-transformers config")
+
+
 def test_matryoshka_comes_from_the_config_keys_vllm_reads():
     sizes = SimpleNamespace(**vars(DECODER), matryoshka_dimensions=[8, 16])
     assert decide_pooling("embed", None, sizes, False).matryoshka_dimensions == (8, 16)
