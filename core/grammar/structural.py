@@ -1,24 +1,26 @@
 """Structural grammars: an output made of fixed text, special tokens, JSON values of given
 schemas and regexes, in sequence, as alternatives or repeated. The gateway builds one for a
 tool call in a model's own format (`<tool_call>` + a call's JSON + `</tool_call>`, Mistral's
-`[TOOL_CALLS]` token + a JSON list, Qwen3-Coder's XML parameters); a `GrammarSpec` of kind
+`[TOOL_CALLS]` token + a JSON list, Qwen3-Coder's and GLM's XML parameters); a `GrammarSpec` of kind
 "structural" carries it as JSON.
 
 The tree is a subset of xgrammar's structural-tag format, with its node names:
 
     {"type": "const_string", "value": str}        that text
     {"type": "token", "token": str}               one special token, by its text (xgrammar only)
-    {"type": "json_schema", "json_schema": {...}, "style": "json" | "qwen_xml"}
+    {"type": "json_schema", "json_schema": {...}, "style": "json" | "qwen_xml" | "glm_xml"}
                                                   compact JSON of the schema, or the schema's
                                                   object as `<parameter=key>value</parameter>`
-                                                  (qwen_xml: xgrammar only)
+                                                  (qwen_xml) or `<arg_key>key</arg_key>
+                                                  <arg_value>value</arg_value>` (glm_xml), the
+                                                  XML styles xgrammar's only
     {"type": "regex", "pattern": str}
     {"type": "sequence" | "or", "elements": [node, ...]}
     {"type": "star" | "plus" | "optional", "content": node}
 
 xgrammar compiles it as a structural tag, each JSON schema as the same compact grammar a
 `json_schema` spec compiles to; outlines-core as one regex. What a backend cannot express
-(a special token or qwen_xml under outlines-core) is a GrammarError naming the backend.
+(a special token or an XML style under outlines-core) is a GrammarError naming the backend.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ _PARAM = "tools"  # structural grammars come from tools; the gateway renames it 
 _LEAVES = {"const_string": "value", "token": "token", "regex": "pattern"}
 _LISTS = ("sequence", "or")
 _WRAPS = ("star", "plus", "optional")
-_STYLES = ("json", "qwen_xml")
+_STYLES = ("json", "qwen_xml", "glm_xml")
 # characters with a meaning in a regex; everything else stands for itself
 _REGEX_SPECIAL = frozenset("\\.^$*+?()[]{}|/-")
 

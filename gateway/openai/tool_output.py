@@ -59,7 +59,7 @@ def _parsed_message(text: str, finish_reason: str, tools: ToolPlan) -> tuple[dic
     if tools.legacy:
         message["function_call"] = {"name": out.calls[0].name, "arguments": out.calls[0].arguments}
     else:
-        message["tool_calls"] = [{"id": new_call_id(), "type": "function",
+        message["tool_calls"] = [{"id": c.call_id or new_call_id(), "type": "function",  # the model's own id (Kimi's)
                                   "function": {"name": c.name, "arguments": c.arguments}} for c in out.calls]
     return message, _calls_finish_reason(tools, finish_reason)
 
@@ -192,7 +192,7 @@ class ChoiceDeltas:
             if event[0] == "content":
                 deltas.append(({"content": event[1]}, None))
             elif event[0] == "call":
-                deltas.append((self._header_delta(event[1], event[2]), None))
+                deltas.append((self._header_delta(event[1], event[2], self._calls.call_id(event[1])), None))
             else:
                 deltas.append((self._arguments_delta(event[1], event[2]), None))
         if deltas and self._held_logprobs is not None:
@@ -216,10 +216,11 @@ class ChoiceDeltas:
         self._started_call = True
         return [(self._header_delta(0, self._tools.named), None)]
 
-    def _header_delta(self, index: int, name: str) -> dict:
+    def _header_delta(self, index: int, name: str, call_id: str | None = None) -> dict:
+        """A call's first delta; `call_id`: the id the model wrote (Kimi K2's), else a new one."""
         if self._tools.legacy:
             return {"function_call": {"name": name, "arguments": ""}}
-        return {"tool_calls": [{"index": index, "id": new_call_id(), "type": "function",
+        return {"tool_calls": [{"index": index, "id": call_id or new_call_id(), "type": "function",
                                 "function": {"name": name, "arguments": ""}}]}
 
     def _arguments_delta(self, index: int, arguments: str) -> dict:

@@ -27,6 +27,7 @@ class ToolCall:
 
     name: str
     arguments: str  # JSON text of an object
+    call_id: str | None = None  # the id the model wrote for it, in formats that write one (Kimi K2's)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class PartialCall:
     name: str | None = None  # known once it is complete
     arguments: str = ""
     complete: bool = False  # the call's end has been read
+    call_id: str | None = None  # the id the model wrote, where its format has one
 
 
 @dataclass

@@ -56,7 +56,7 @@ class HermesToolParser(TaggedCalls):
 
     @classmethod
     def detects(cls, template: str) -> bool:
-        return START in template and "<function=" not in template
+        return START in template and "<function=" not in template and "<arg_key>" not in template
 
     def read_body(self, body: str, whole: bool) -> PartialCall | None:
         i = skip_space(body, 0)

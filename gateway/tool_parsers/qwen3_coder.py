@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from .base import PartialCall, ToolCall, ToolSpec, split_at_marker
 from .grammar import const, json_value, one_of, repeated, sequence
 from .hermes import END, START, TaggedCalls
-from .pythonic import literal
 from .registry import register
+from .values import typed_value
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
@@ -75,21 +75,11 @@ class Qwen3CoderToolParser(TaggedCalls):
             i = end + len(PARAMETER_END)
 
     def _value(self, function: str, key: str, text: str):
-        """A parameter's text as its value, by the type its schema gives it."""
+        """A parameter's text (one newline on each side trimmed) as its value, by its schema's type."""
         text = text[1:] if text.startswith("\n") else text
         text = text[:-1] if text.endswith("\n") else text
         tool = self.tool(function)
-        schema = (tool.parameters.get("properties", {}).get(key) if tool is not None else None) or {}
-        kinds = schema.get("type") if isinstance(schema, dict) else None
-        kinds = set(kinds) if isinstance(kinds, list) else {kinds}
-        if "string" in kinds or kinds == {None} and not (isinstance(schema, dict) and "enum" in schema):
-            return text
-        for parse in (json.loads, literal):
-            try:
-                return parse(text.strip())
-            except (ValueError, SyntaxError):
-                continue
-        return text
+        return typed_value(tool.parameters if tool is not None else None, key, text)
 
     def grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> dict:
         calls = [sequence(const(f"{START}\n{FUNCTION}{tool.name}>\n"), json_value(tool.parameters, "qwen_xml"),

@@ -52,7 +52,7 @@ def validated(scan: Scan, names: set[str], parallel: bool) -> tuple[ToolCall, ..
         arguments = _object(call.arguments)
         if not call.complete or call.name not in names or arguments is None:
             return None
-        calls.append(ToolCall(call.name, json.dumps(arguments, ensure_ascii=False)))
+        calls.append(ToolCall(call.name, json.dumps(arguments, ensure_ascii=False), call.call_id))
     return tuple(calls if parallel else calls[:1])
 
 
@@ -71,7 +71,7 @@ def cut_calls(scan: Scan, names: set[str], parallel: bool) -> tuple[ToolCall, ..
     for call in scan.calls if parallel else scan.calls[:1]:
         if call.name not in names:
             break
-        calls.append(ToolCall(call.name, call.arguments))
+        calls.append(ToolCall(call.name, call.arguments, call.call_id))
     return tuple(calls)
 
 
@@ -105,10 +105,15 @@ class CallStream:
         self._content = 0  # characters of content sent
         self._trailing = 0  # characters of text after the calls sent
         self._arguments: list[int] = []  # per call sent: characters of its arguments sent
+        self._ids: list[str | None] = []  # per call sent: the id the model wrote for it, if any
 
     @property
     def num_calls(self) -> int:
         return len(self._arguments)
+
+    def call_id(self, index: int) -> str | None:
+        """The id the model wrote for call `index` (sent), in formats that write one (Kimi K2's)."""
+        return self._ids[index] if index < len(self._ids) else None
 
     def feed(self, delta: str) -> list[Event]:
         self._raw += delta
@@ -152,6 +157,7 @@ class CallStream:
         if index == len(self._arguments):
             events.append(("call", index, call.name))
             self._arguments.append(0)
+            self._ids.append(call.call_id)
         sent = self._arguments[index]
         piece = call.arguments[sent:]
         if piece:

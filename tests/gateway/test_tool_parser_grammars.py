@@ -2,14 +2,15 @@
 the real grammar backends over the default model's vocabulary, accepts a valid call in that
 format (which its parser reads back) and refuses an invalid one: another function, arguments
 against the schema, a missing marker, a second call where one is allowed. Markers that are
-special tokens (Mistral's) are required as those tokens; outlines-core, which cannot, says so."""
+special tokens (Mistral's, DeepSeek's, Kimi K2's, GLM's, harmony's) are required as those tokens;
+outlines-core, which cannot, says so."""
 from __future__ import annotations
 
 import copy
 import json
 
 import pytest
-from tool_templates import MISTRAL_SMALL_32
+from tool_templates import GLM45, MISTRAL_SMALL_32
 
 from switchyard.core.config import GrammarConfig
 from switchyard.core.grammar import GrammarError, GrammarSpec, make_compiler
@@ -54,10 +55,56 @@ FORMATS = {
                      "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n"
                      "</tool_call>",
                      "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>"]),
+    "deepseek_v3": ("", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                        '{"city":"Paris","days":2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None, None,
+                    ['<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_wether\n```json\n{"city":"Paris"}'
+                     '\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                     '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"days":2}\n```'
+                     '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                     '<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city":"Paris"}\n```'
+                     '<｜tool▁call▁end｜>']),
+    "deepseek_v31": ("", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":"Paris","days":2}'
+                         '<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None, None,
+                     ['<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_wether<｜tool▁sep｜>{"city":"Paris"}<｜tool▁call▁end｜>'
+                      '<｜tool▁calls▁end｜>',
+                      '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":"Paris","days":"2"}'
+                      '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                      '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":"Paris"}<｜tool▁call▁end｜>']),
+    "kimi_k2": ("", '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+                    '{"city":"Paris","days":2}<|tool_call_end|><|tool_calls_section_end|>', None, None,
+                ['<|tool_calls_section_begin|><|tool_call_begin|>functions.get_wether:0<|tool_call_argument_begin|>'
+                 '{"city":"Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+                 '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+                 '{"city":"Paris","extra":1}<|tool_call_end|><|tool_calls_section_end|>',
+                 '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city":"Paris"}'
+                 '<|tool_call_end|>']),
+    "glm45": (GLM45, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+                     "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+              "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>", "\n",
+              ["<tool_call>get_wether\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+               "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>"
+               "\n<arg_value>two</arg_value>\n</tool_call>",
+               "get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>"]),
+    "openai": ("", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                   '{"city":"Paris","days":2}<|call|>',
+               '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz":"UTC"}<|call|>',
+               "<|start|>assistant",
+               ['<|channel|>commentary to=functions.get_wether <|constrain|>json<|message|>{"city":"Paris"}<|call|>',
+                '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"days":2}<|call|>',
+                '{"city":"Paris"}']),
 }
 TWO = {"mistral": '[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"Paris","days":2}},'
                   '{"name":"get_time","arguments":{"tz":"UTC"}}]',
-       "pythonic": '[get_weather(city="Paris", days=2), get_time(tz="UTC")]'}
+       "pythonic": '[get_weather(city="Paris", days=2), get_time(tz="UTC")]',
+       "deepseek_v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                      '{"city":"Paris","days":2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time'
+                      '\n```json\n{"tz":"UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+       "deepseek_v31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":"Paris","days":2}'
+                       '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz":"UTC"}<｜tool▁call▁end｜>'
+                       '<｜tool▁calls▁end｜>',
+       "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+                  '{"city":"Paris","days":2}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+                  '<|tool_call_argument_begin|>{"tz":"UTC"}<|tool_call_end|><|tool_calls_section_end|>'}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +128,7 @@ def _spec(parser, tools, parallel) -> GrammarSpec:
 
 
 def _backends(name: str) -> list[str]:
-    return ["xgrammar"] if name == "qwen3_coder" else ["xgrammar", "outlines"]  # qwen_xml: xgrammar's own
+    return ["xgrammar"] if name in ("qwen3_coder", "glm45") else ["xgrammar", "outlines"]  # XML styles: xgrammar's
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
@@ -112,7 +159,16 @@ def test_a_named_choice_allows_that_function_only(compilers, default_tokenizer, 
             "mistral": '[TOOL_CALLS][{"name":"get_time","arguments":{"tz":"CET"}}]',
             "pythonic": '[get_time(tz="CET")]',
             "qwen3_coder": "<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n"
-                           "</tool_call>"}[name]
+                           "</tool_call>",
+            "deepseek_v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"tz":"CET"}'
+                           '\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+            "deepseek_v31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz":"CET"}<｜tool▁call▁end｜>'
+                            '<｜tool▁calls▁end｜>',
+            "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>'
+                       '{"tz":"CET"}<|tool_call_end|><|tool_calls_section_end|>',
+            "glm45": "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>",
+            "openai": ('<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz":"CET"}'
+                       '<|call|>')}[name]
     assert _accepts(compiled, default_tokenizer.encode(text, add_special_tokens=False)), text
 
 
@@ -146,9 +202,42 @@ def test_mistral_markers_that_are_special_tokens_are_required_as_tokens(mistral_
     assert refused.value.param == "tools"
 
 
-def test_outlines_says_qwen3_coder_needs_xgrammar(compilers):
+@pytest.mark.parametrize("name", ["qwen3_coder", "glm45"])
+def test_outlines_says_xml_parameters_need_xgrammar(compilers, name):
     with pytest.raises(GrammarError, match="xgrammar"):
-        compilers["outlines"].compile(_spec(_parser("qwen3_coder"), [WEATHER], parallel=False))
+        compilers["outlines"].compile(_spec(_parser(name), [WEATHER], parallel=False))
+
+
+# format -> its markers that are special tokens in its models, and one call with them
+SPECIAL = {
+    "deepseek_v31": (("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                      "<｜tool▁sep｜>"),
+                     '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz":"UTC"}<｜tool▁call▁end｜>'
+                     '<｜tool▁calls▁end｜>'),
+    "kimi_k2": (("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                 "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+                '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:12<|tool_call_argument_begin|>'
+                '{"tz":"UTC"}<|tool_call_end|><|tool_calls_section_end|>'),
+    "openai": (("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|call|>", "<|end|>"),
+               '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz":"UTC"}<|call|>'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECIAL))
+def test_markers_that_are_special_tokens_are_required_as_tokens(default_tokenizer, name):
+    markers, call = SPECIAL[name]
+    tokenizer = copy.deepcopy(default_tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(markers)})
+    parser = _parser(name, "", frozenset(markers))
+    assert parser.keeps_special_tokens
+    spec = _spec(parser, [WEATHER, TIME], parallel=True)
+    compiled = make_compiler(GrammarConfig(), tokenizer, len(tokenizer), (EOS,)).compile(spec)
+    ids = tokenizer.encode(call, add_special_tokens=False)
+    assert _accepts(compiled, ids), call
+    assert tokenizer.convert_tokens_to_ids(markers[1] if name == "openai" else markers[0]) == ids[0]
+    spelled = [i for piece in (call[:2], call[2:]) for i in tokenizer.encode(piece, add_special_tokens=False)]
+    assert not _accepts(compiled, spelled)  # the first marker spelled out in text is no marker
+    assert [c.name for c in parse_output(parser, call).calls] == ["get_time"]
 
 
 def test_tool_schemas_in_a_grammar_are_checked_as_any_schema(compilers, default_tokenizer):

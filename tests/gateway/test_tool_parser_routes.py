@@ -14,7 +14,8 @@ import jsonschema
 import openai
 import pytest
 from scripted_engine import EOS_TEXT, ScriptedEngineClient, reasoning_tokenizer, scripted_app
-from tool_templates import LLAMA31, LLAMA32_PYTHONIC, MISTRAL_SMALL_32, MISTRAL_V03, QWEN25, QWEN3_CODER, SMOLLM2
+from tool_templates import (DEEPSEEK_V3, DEEPSEEK_V31, GLM45, GPT_OSS, KIMI_K2, LLAMA31, LLAMA32_PYTHONIC,
+                            MISTRAL_SMALL_32, MISTRAL_V03, QWEN25, QWEN3_CODER, SMOLLM2)
 
 from switchyard.core.config import GrammarConfig
 from switchyard.core.grammar import make_compiler
@@ -32,6 +33,10 @@ ASK = [{"role": "user", "content": "Weather in Paris, and the time in UTC?"}]
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]
 MISTRAL_SPECIAL = ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[INST]", "[/INST]", "[TOOL_RESULTS]",
                    "[/TOOL_RESULTS]", "[ARGS]")
+KIMI_SPECIAL = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|im_end|>", "<|im_middle|>")
+GLM_SPECIAL = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|assistant|>")
+HARMONY_SPECIAL = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 
 # format -> (template, special tokens, what the model writes (pieces), the text before its calls)
 MODELS = {
@@ -49,6 +54,33 @@ MODELS = {
                                       "is\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_",
                                       "time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>", EOS_TEXT],
                     "On it.\n"),
+    # the markers are plain text here (special_markers keep them where the tokenizer has them as special tokens)
+    "deepseek_v3": (DEEPSEEK_V3, (), ["Sure.<｜tool▁calls▁begin｜><｜tool▁call",
+                                      "▁begin｜>function<｜tool▁sep｜>get_weather\n", "```json\n{\"city\": \"Pa",
+                                      "ris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function",
+                                      "<｜tool▁sep｜>get_time\n```json\n{\"tz\": \"UTC\"}\n```",
+                                      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", EOS_TEXT], "Sure."),
+    "deepseek_v31": (DEEPSEEK_V31, (), ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": ",
+                                        "\"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"tz\": ",
+                                        "\"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", EOS_TEXT], None),
+    "kimi_k2": (KIMI_K2, KIMI_SPECIAL, ["Sure. ", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                                        "functions.get_weather:0", "<|tool_call_argument_begin|>", "{\"city\": \"Pa",
+                                        "ris\"}", "<|tool_call_end|>", "<|tool_call_begin|>", "functions.get_time:1",
+                                        "<|tool_call_argument_begin|>", "{\"tz\": \"UTC\"}", "<|tool_call_end|>",
+                                        "<|tool_calls_section_end|>", EOS_TEXT], "Sure. "),
+    "glm45": (GLM45, GLM_SPECIAL, ["On it.\n", "<tool_call>", "get_weather\n", "<arg_key>", "city", "</arg_key>", "\n",
+                                   "<arg_value>", "Paris", "</arg_value>", "\n", "</tool_call>", "\n", "<tool_call>",
+                                   "get_time\n", "<arg_key>", "tz", "</arg_key>", "<arg_value>", "UTC", "</arg_value>",
+                                   "</tool_call>", EOS_TEXT], "On it.\n"),
+    # through the gpt_oss reasoning parser, which takes the analysis out and leaves the calls as the answer
+    "openai": (GPT_OSS, HARMONY_SPECIAL, ["<|channel|>", "analysis", "<|message|>", "Need both.", "<|end|>",
+                                          "<|start|>", "assistant", "<|channel|>", "commentary", "<|message|>",
+                                          "Checking.", "<|end|>", "<|start|>", "assistant", "<|channel|>",
+                                          "commentary to=functions.get_weather ", "<|constrain|>", "json",
+                                          "<|message|>", "{\"city\": \"Pa", "ris\"}", "<|call|>", "<|start|>",
+                                          "assistant", "<|channel|>", "commentary to=functions.get_time ",
+                                          "<|constrain|>", "json", "<|message|>", "{\"tz\": \"UTC\"}", "<|call|>"],
+               "Checking."),
 }
 
 
@@ -95,23 +127,32 @@ def _calls(message: dict) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or ()]
 
 
-def _streamed(chunks: list[dict]) -> tuple[str, list[tuple[str, dict]], str]:
+def _ids_are(name: str, ids: list[str]) -> bool:
+    """Kimi K2 writes its own call ids (functions.NAME:IDX), which are kept; others get call_..."""
+    if name == "kimi_k2":
+        return ids == ["functions.get_weather:0", "functions.get_time:1"]
+    return all(i.startswith("call_") for i in ids)
+
+
+def _streamed(chunks: list[dict], name: str = "") -> tuple[str, list[tuple[str, dict]], str]:
     """The content, the calls and the finish_reason a client accumulates from the chunks; every
     call's first delta carries its id, type and name with empty arguments, later ones only arguments."""
-    content, calls, finish = "", {}, None
+    content, calls, finish, ids = "", {}, None, []
     for chunk in chunks:
         choice = chunk["choices"][0]
         content += choice["delta"].get("content") or ""
         for delta in choice["delta"].get("tool_calls") or ():
             if delta["index"] not in calls:
-                assert delta["id"].startswith("call_") and delta["type"] == "function"
+                ids.append(delta["id"])
+                assert delta["type"] == "function"
                 assert delta["function"]["arguments"] == "" and delta["function"]["name"]
                 calls[delta["index"]] = [delta["function"]["name"], ""]
             else:
                 assert set(delta) == {"index", "function"} and set(delta["function"]) == {"arguments"}
                 calls[delta["index"]][1] += delta["function"]["arguments"]
         finish = choice["finish_reason"] or finish
-    return content, [(name, json.loads(arguments)) for name, arguments in calls.values()], finish
+    assert _ids_are(name, ids)
+    return content, [(call, json.loads(arguments)) for call, arguments in calls.values()], finish
 
 
 # -- chat completions --------------------------------------------------------------------------------
@@ -123,11 +164,11 @@ def test_each_format_is_read_whole_and_streamed(name):
         choice = _chat(http)["choices"][0]
         assert choice["finish_reason"] == "tool_calls"
         assert choice["message"]["content"] == before and _calls(choice["message"]) == CALLS
-        assert all(call["id"].startswith("call_") for call in choice["message"]["tool_calls"])
-        assert engine.requests[-1].sampling_params.skip_special_tokens == (name != "mistral")
+        assert _ids_are(name, [call["id"] for call in choice["message"]["tool_calls"]])
+        assert engine.requests[-1].sampling_params.skip_special_tokens == (not special)
 
         chunks = _stream(http)
-        assert _streamed(chunks) == (before or "", CALLS, "tool_calls")
+        assert _streamed(chunks, name) == (before or "", CALLS, "tool_calls")
         pieces = [d["function"]["arguments"] for c in chunks for d in c["choices"][0]["delta"].get("tool_calls") or ()
                   if "id" not in d]
         assert len(pieces) > len(CALLS)  # the arguments came as they were generated, not at the end
@@ -201,13 +242,33 @@ RENDERED = {
     "qwen3_coder": (QWEN3_CODER, ["<function>\n<name>get_weather</name>", "<name>city</name>\n<type>string</type>",
                                   "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>",
                                   "<tool_response>\n18 degrees\n</tool_response>"]),
+    "deepseek_v3": (DEEPSEEK_V3, ['<tools>\n{"type": "function", "function": {"name": "get_weather"',
+                                  # its template joins the arguments as text: they go to it as JSON text
+                                  '<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```'
+                                  '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                                  "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18 degrees<｜tool▁output▁end｜>"]),
+    "deepseek_v31": (DEEPSEEK_V31, ['You have access to the following tools:\n{"type": "function"',
+                                    '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
+                                    '<｜tool▁call▁end｜>', "<｜tool▁output▁begin｜>18 degrees<｜tool▁output▁end｜>"]),
+    "kimi_k2": (KIMI_K2, ['tool_declare<|im_middle|>[{"type": "function", "function": {"name": "get_weather"',
+                          # its template writes the call ids back: ours become Kimi's shape, the result follows
+                          '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
+                          '<|tool_call_end|>', "## Return of functions.get_weather:0\n18 degrees"]),
+    "glm45": (GLM45, ['<tools>\n{"type": "function", "function": {"name": "get_weather"',
+                      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+                      "<|observation|>\n<tool_response>\n18 degrees\n</tool_response>"]),
+    "openai": (GPT_OSS, ["namespace functions {", 'type get_weather = (_: {"type": "object"',
+                         '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+                         '{"city": "Paris"}<|call|>',
+                         '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 degrees"'
+                         '<|end|>']),
 }
 
 
 @pytest.mark.parametrize("name", sorted(RENDERED))
 def test_tools_and_earlier_calls_are_rendered_by_the_models_template(name):
     template, shown = RENDERED[name]
-    engine, app = _serve(template, ["Done."], MISTRAL_SPECIAL if name == "mistral" else ())
+    engine, app = _serve(template, ["Done."], MODELS[name][1])
     with app as http:
         _chat(http, messages=HISTORY)
         prompt = engine.prompt_text()
@@ -247,6 +308,22 @@ def test_required_and_named_send_a_grammar_in_the_models_format(compiler):
         _chat(http, tool_choice="required", parallel_tool_calls=False)
         assert '"type":"star"' not in engine.requests[-1].sampling_params.grammar.value
         assert _streamed(_stream(http, tool_choice="required")) == ("", [("get_time", {"tz": "UTC"})], "tool_calls")
+
+
+def test_required_and_named_in_deepseeks_format(compiler):
+    call = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"tz":"UTC"}\n```'
+            '<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    engine, app = _serve(DEEPSEEK_V3, [call], compiler=compiler)
+    with app as http:
+        choice = _chat(http, tool_choice="required")["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and _calls(choice["message"]) == [("get_time", {"tz": "UTC"})]
+        spec = engine.requests[-1].sampling_params.grammar
+        text = json.dumps(spec.structure, ensure_ascii=False)
+        assert spec.kind == "structural" and '"value": "<｜tool▁calls▁begin｜>"' in text
+        assert '"get_weather\\n```json\\n"' in text and '"type": "star"' in text
+        choice = _chat(http, tool_choice={"type": "function", "function": {"name": "get_time"}})["choices"][0]
+        assert choice["finish_reason"] == "stop" and _calls(choice["message"]) == [("get_time", {"tz": "UTC"})]
+        assert '"get_weather' not in engine.requests[-1].sampling_params.grammar.value
 
 
 def test_a_mistral_grammar_requires_its_marker_token_and_the_json_parser_keeps_the_old_format():

@@ -1,19 +1,22 @@
 """Tool-call parsers (gateway/tool_parsers) without a server: each format read whole and as a
 stream (markers split over deltas, several calls, content before them), malformed calls left
 as content, calls written back and read again, auto selection from chat templates, and the
---tool-call-parser flag."""
+--tool-call-parser flag. Then what one format does beyond the others: DeepSeek's two forms,
+Kimi K2's call ids, GLM-4.5's typed values, gpt-oss's harmony messages."""
 from __future__ import annotations
 
 import json
 import random
 
 import pytest
-from tool_templates import EXPECTED, MISTRAL_SMALL_32, QWEN25, SMOLLM2
+from tool_templates import (DEEPSEEK_V3, DEEPSEEK_V31, EXPECTED, GLM45, GPT_OSS, KIMI_K2, MISTRAL_SMALL_32, QWEN25,
+                            SMOLLM2)
 
 from switchyard.core.params import ValidationError
 from switchyard.gateway.openai.tools import Tool
-from switchyard.gateway.tool_parsers import (CallStream, FormatContext, ToolCall, ToolFormat, detect_parser, get_parser,
-                                             parse_output, parser_name, parser_names, tool_format)
+from switchyard.gateway.tool_parsers import (CallStream, FormatContext, ParsedOutput, ToolCall, ToolFormat,
+                                             detect_parser, get_parser, parse_output, parser_name, parser_names,
+                                             tool_format)
 
 WEATHER = Tool("get_weather", "Weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})
@@ -35,6 +38,22 @@ OUTPUTS = {
     "qwen3_coder": ("I will look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
                     "<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>", "I will look.\n"),
+    "deepseek_v3": ('Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                    '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>'
+                    'get_time\n```json\n{"tz": "UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "Sure."),
+    "deepseek_v31": ('Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 2}'
+                     '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "UTC"}<｜tool▁call▁end｜>'
+                     '<｜tool▁calls▁end｜>', "Sure."),
+    "kimi_k2": ('Sure. <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
+                '<|tool_call_argument_begin|>{"city": "Paris", "days": 2}<|tool_call_end|>'
+                '<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"tz": "UTC"}<|tool_call_end|>'
+                '<|tool_calls_section_end|>', "Sure. "),
+    "glm45": ("On it.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+              "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>get_time\n"
+              "<arg_key>tz</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>", "On it.\n"),
+    "openai": ('Checking.<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+               '{"city": "Paris", "days": 2}<|call|><|start|>assistant<|channel|>commentary to=functions.get_time '
+               '<|constrain|>json<|message|>{"tz": "UTC"}<|call|>', "Checking."),
 }
 # format -> outputs that begin a call but are none, found so before the call's name is known: all of
 # each is content, whole and streamed
@@ -45,6 +64,20 @@ MALFORMED = {
     "mistral": ["[TOOL_CALLS] nothing", '[TOOL_CALLS][{"name": "nope", "arguments": {}}]', "[TOOL_CALLS][1, 2]"],
     "pythonic": ["[1, 2, 3]", "[get_weather city='x']", "[nope(a=1)]"],
     "qwen3_coder": ["<tool_call>\n<function=nope>\n</function>\n</tool_call>", "<tool_call>text</tool_call>"],
+    "deepseek_v3": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>nope\n```json\n{}\n```<｜tool▁call▁end｜>"
+                    "<｜tool▁calls▁end｜>", "Hi <｜tool▁calls▁begin｜>not a call<｜tool▁calls▁end｜>",
+                    "<｜tool▁calls▁begin｜><｜tool▁calls▁end｜>"],
+    "deepseek_v31": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>nope<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                     "<｜tool▁calls▁begin｜>[1, 2]",
+                     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><｜tool▁sep｜>{}<｜tool▁call▁end｜>"],
+    "kimi_k2": ["<|tool_calls_section_begin|><|tool_call_begin|>functions.nope:0<|tool_call_argument_begin|>{}"
+                "<|tool_call_end|><|tool_calls_section_end|>",
+                "<|tool_calls_section_begin|><|tool_call_begin|>get_time<|tool_call_argument_begin|>{}<|tool_call_end|>"
+                "<|tool_calls_section_end|>"],
+    "glm45": ["<tool_call>nope\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+              "<tool_call>\n<arg_key>city</arg_key>\n</tool_call>"],
+    "openai": ["<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>",
+               "Hi <|channel|>commentary to=functions.get_weather <|constrain|>json"],
 }
 # found so after the name: whole, all content; streamed, the call's name (and arguments) went out already
 MALFORMED_LATE = {
@@ -54,6 +87,16 @@ MALFORMED_LATE = {
     "mistral": ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}'],
     "pythonic": ["[get_weather(Paris)]", "[get_weather(city=os.system('x'))]", "[get_weather(city='Paris')] and text"],
     "qwen3_coder": ["<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>"],
+    "deepseek_v3": ['<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n{"city": "Paris"}'
+                    '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',  # no json fence
+                    '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"'
+                    '\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'],
+    "deepseek_v31": ['<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}} '
+                     '<｜tool▁call▁end｜><｜tool▁calls▁end｜>'],
+    "kimi_k2": ["<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>[1]"
+                "<|tool_call_end|><|tool_calls_section_end|>"],
+    "glm45": ["<tool_call>get_weather\nnot a pair\n</tool_call>"],
+    "openai": ["<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>not json<|call|>"],
 }
 
 def _parser(name: str, template: str = "", special: frozenset[str] = frozenset()):
@@ -90,7 +133,8 @@ def _splits(text: str, seed: int) -> list[str]:
 
 
 def test_every_format_is_registered_once():
-    assert parser_names() == ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+    assert parser_names() == ("deepseek_v3", "deepseek_v31", "glm45", "hermes", "kimi_k2", "llama3_json", "mistral",
+                              "openai", "pythonic", "qwen3_coder")
 
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
@@ -250,3 +294,127 @@ def test_serve_flags_reach_the_settings():
     assert server_settings(from_env).tool_call_parser == "mistral"
     with pytest.raises(ValidationError):
         server_settings(build_parser({}).parse_args(["serve", "--tool-call-parser", "nope"]))
+
+
+def test_auto_selection_tells_glm_from_hermes_and_the_two_deepseek_forms_apart():
+    assert detect_parser(GLM45).name == "glm45" and detect_parser(QWEN25).name == "hermes"  # both write <tool_call>
+    assert detect_parser(DEEPSEEK_V3).name == "deepseek_v3" and detect_parser(DEEPSEEK_V31).name == "deepseek_v31"
+    assert parser_name("deepseek-v31") == "deepseek_v31" and parser_name("GLM45") == "glm45"
+
+
+# -- DeepSeek ------------------------------------------------------------------------------------------
+def test_deepseek_parsers_read_both_forms_and_write_their_own():
+    v3, v31 = _parser("deepseek_v3", DEEPSEEK_V3), _parser("deepseek_v31", DEEPSEEK_V31)
+    for parser in (v3, v31):
+        for name in ("deepseek_v3", "deepseek_v31"):
+            text, content = OUTPUTS[name]
+            out = parse_output(parser, text)
+            assert out.content == content and [(c.name, json.loads(c.arguments)) for c in out.calls] == CALLS
+    call = [ToolCall("get_time", '{"tz": "UTC"}')]
+    assert "```json" in v3.render(call) and "```json" not in v31.render(call)
+    assert v31.render(call) == ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "UTC"}'
+                                '<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+
+
+def test_deepseek_arguments_may_hold_fences_and_a_call_cut_off_keeps_what_was_written():
+    parser = _parser("deepseek_v3")
+    text = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+            '{"city": "```json\\n```"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    assert json.loads(parse_output(parser, text).calls[0].arguments) == {"city": "```json\n```"}
+    assert _assembled(_run(CallStream(parser), list(text))) == ("", [("get_weather", {"city": "```json\n```"})])
+    cut = text[:text.index("json\\n")]
+    out = parse_output(parser, cut, cut_off=True)
+    assert [(c.name, c.arguments) for c in out.calls] == [("get_weather", '{"city": "```')]
+
+
+def test_deepseek_templates_that_join_arguments_as_text_get_them_as_text():
+    history = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}]}]
+    joined = _parser("deepseek_v3", DEEPSEEK_V3).prepare_messages(history)
+    assert joined[0]["tool_calls"][0]["function"]["arguments"] == '{"tz": "UTC"}'
+    assert history[0]["tool_calls"][0]["function"]["arguments"] == {"tz": "UTC"}  # the request's own stay
+    assert _parser("deepseek_v3", "{{ tool['function']['arguments'] | tojson }}").prepare_messages(history) == history
+
+
+# -- Kimi K2 -------------------------------------------------------------------------------------------
+def test_kimi_call_ids_are_the_ones_the_model_wrote():
+    text, _ = OUTPUTS["kimi_k2"]
+    out = parse_output(_parser("kimi_k2"), text)
+    assert [c.call_id for c in out.calls] == ["functions.get_weather:0", "functions.get_time:1"]
+    stream = CallStream(_parser("kimi_k2"))
+    _run(stream, list(text))
+    assert (stream.call_id(0), stream.call_id(1), stream.call_id(2)) == ("functions.get_weather:0",
+                                                                         "functions.get_time:1", None)
+    bare = text.replace("functions.get_time:1", "get_time:1")  # vLLM reads a bare name too
+    assert [c.name for c in parse_output(_parser("kimi_k2"), bare).calls] == ["get_weather", "get_time"]
+
+
+def test_kimi_conversations_carry_ids_in_kimis_shape():
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": {}}},
+                   {"id": "functions.get_time:7", "type": "function",
+                    "function": {"name": "get_time", "arguments": {}}}]},
+               {"role": "tool", "tool_call_id": "call_abc", "content": "18"},
+               {"role": "tool", "tool_call_id": "functions.get_time:7", "content": "noon"}]
+    out = _parser("kimi_k2", KIMI_K2).prepare_messages(history)
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["functions.get_weather:0", "functions.get_time:7"]
+    assert [m["tool_call_id"] for m in out[2:]] == ["functions.get_weather:0", "functions.get_time:7"]
+    assert history[1]["tool_calls"][0]["id"] == "call_abc"
+
+
+# -- GLM-4.5 -------------------------------------------------------------------------------------------
+def test_glm_values_follow_their_schema_types_and_a_call_may_have_no_arguments():
+    tool = Tool("f", None, {"type": "object", "properties": {
+        "text": {"type": "string"}, "n": {"type": "integer"}, "opts": {"type": "object"}, "flag": {"type": "boolean"},
+        "free": {}}})
+    parser = ToolFormat(get_parser("glm45"), FormatContext()).for_tools([tool, TIME])
+    text = ('<tool_call>f\n<arg_key>text</arg_key>\n<arg_value>42</arg_value>\n<arg_key>n</arg_key>\n<arg_value>7'
+            '</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{"a": [1]}</arg_value>\n<arg_key>flag</arg_key>\n'
+            '<arg_value>true</arg_value>\n<arg_key>free</arg_key>\n<arg_value>x < y</arg_value>\n</tool_call>')
+    call, = parse_output(parser, text).calls
+    assert json.loads(call.arguments) == {"text": "42", "n": 7, "opts": {"a": [1]}, "flag": True, "free": "x < y"}
+    assert parse_output(parser, "<tool_call>get_time</tool_call>").calls == (ToolCall("get_time", "{}"),)
+
+
+def test_glm47_writes_no_newlines_and_is_read_the_same():
+    compact = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>" \
+              "<arg_value>2</arg_value></tool_call>"
+    parser = _parser("glm45", "{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>")
+    assert parser.compact and not _parser("glm45", GLM45).compact
+    assert [(c.name, json.loads(c.arguments)) for c in parse_output(parser, compact).calls] == CALLS[:1]
+    assert parser.render([ToolCall("get_weather", '{"city": "Paris", "days": 2}')]) == compact
+    assert _assembled(_run(CallStream(parser), list(compact))) == ("", CALLS[:1])
+
+
+# -- gpt-oss (harmony) ---------------------------------------------------------------------------------
+def test_harmony_calls_read_after_the_reasoning_parser_and_from_the_raw_output():
+    parser = _parser("openai", GPT_OSS)
+    passed_on = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                 '{"city": "Paris"}<|call|>')  # what gateway/reasoning/harmony.py leaves as the answer
+    raw = '<|channel|>analysis<|message|>Need the weather.<|end|>' + passed_on
+    for text, content in ((passed_on, None), (raw, "<|channel|>analysis<|message|>Need the weather.<|end|>")):
+        out = parse_output(parser, text)
+        assert out.content == content and [(c.name, json.loads(c.arguments)) for c in out.calls] == [
+            ("get_weather", {"city": "Paris"})]
+        assert _assembled(_run(CallStream(parser), list(text))) == (content or "", [("get_weather", {"city": "Paris"})])
+    # <|call|> ends generation: a whole body at the end counts without it; the recipient may come first
+    for text in (passed_on[:-len("<|call|>")],
+                 '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'):
+        assert [c.name for c in parse_output(parser, text).calls] == ["get_weather"]
+    plain = "<|channel|>final<|message|>It is sunny.<|return|>"  # a message to no function: text
+    assert parse_output(parser, plain) == ParsedOutput(plain, ())
+
+
+def test_a_harmony_call_forced_after_the_final_header_still_reaches_the_parser():
+    """Under the gpt_oss reasoning parser a grammar applies after `<|channel|>final<|message|>`:
+    a required call is written there, and the reasoning side passes it on as a call."""
+    from switchyard.gateway.reasoning.harmony import HarmonySplitter
+
+    text = ('<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|><|channel|>'
+            'commentary to=functions.get_time <|constrain|>json<|message|>{"tz": "UTC"}<|call|>')
+    splitter = HarmonySplitter("maybe")
+    pieces = [piece for ch in text for piece in splitter.feed(ch)] + splitter.finish()
+    answer = "".join(piece for kind, piece in pieces if kind == "content")
+    call = ToolCall("get_time", '{"tz": "UTC"}')
+    assert parse_output(_parser("openai", GPT_OSS), answer) == ParsedOutput(None, (call,))

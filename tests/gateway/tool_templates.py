@@ -2,7 +2,12 @@
 parts that do not concern tools trimmed), for tests that cannot download a model: Qwen2.5
 (Hermes tags), Llama 3.1 (JSON, <|python_tag|> for built-in tools), Mistral 7B v0.3
 ([TOOL_CALLS] JSON list, 9-character call ids), Mistral Small 3.2 ([TOOL_CALLS]name[ARGS]),
-vLLM's Llama 3.2 pythonic template, Qwen3-Coder (XML parameters), and SmolLM2 (no tools)."""
+vLLM's Llama 3.2 pythonic template, Qwen3-Coder (XML parameters), and SmolLM2 (no tools).
+
+Written from the public formats instead (the real templates could not be fetched whole here),
+each rendering tools and earlier tool calls the way its model's real template does, the rest
+left out: DeepSeek-V3 (vLLM's tool template for it, the arguments joined as text as DeepSeek's
+own template joins them), DeepSeek-V3.1, Kimi K2, GLM-4.5 and gpt-oss (harmony)."""
 
 QWEN25 = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
@@ -405,6 +410,246 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
 '}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant
 ' }}{% endif %}"""
 
+# -- written from the public formats ---------------------------------------------------------------
+# DeepSeek-V3 / R1: tools in the system prompt (vLLM's tool template), each call `function`, its
+# name and its arguments in a json fence, the arguments joined as text (DeepSeek's own template).
+DEEPSEEK_V3 = """{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {% set ns.system_prompt = message['content'] %}
+    {%- endif %}
+{%- endfor %}
+{{ bos_token }}{{ ns.system_prompt }}
+{%- if tools %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\n" }}
+    {{- "For function call returns, you should first print <｜tool▁calls▁begin｜>" }}
+    {{- "For each function call, you should return object like:\\n" }}
+    {{- "<｜tool▁call▁begin｜>function<｜tool▁sep｜><function_name>\\n```json\\n<function_arguments_in_json_format>\\n```<｜tool▁call▁end｜>" }}
+    {{- "At the end of function call returns, you should print <｜tool▁calls▁end｜><｜end▁of▁sentence｜>" }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] == 'user' %}
+        {%- set ns.is_tool = false -%}
+        {{- '<｜User｜>' + message['content'] + '<｜Assistant｜>' }}
+    {%- endif %}
+    {%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] is not none %}
+        {%- if ns.is_tool %}{{- '<｜tool▁outputs▁end｜>' }}{%- endif %}
+        {%- set ns.is_first = false %}
+        {%- set ns.is_tool = false -%}
+        {%- set ns.is_output_first = true %}
+        {%- for tool in message['tool_calls'] %}
+            {%- if not ns.is_first %}
+                {{- (message['content'] or '') + '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>' }}
+                {%- set ns.is_first = true -%}
+            {%- else %}
+                {{- '\\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>' }}
+            {%- endif %}
+        {%- endfor %}
+        {{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' }}
+    {%- endif %}
+    {%- if message['role'] == 'assistant' and (message['tool_calls'] is not defined or message['tool_calls'] is none) %}
+        {{- message['content'] + '<｜end▁of▁sentence｜>' }}
+    {%- endif %}
+    {%- if message['role'] == 'tool' %}
+        {%- set ns.is_tool = true -%}
+        {%- if ns.is_output_first %}
+            {{- '<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}
+            {%- set ns.is_output_first = false %}
+        {%- else %}
+            {{- '\\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor -%}
+{% if ns.is_tool %}{{- '<｜tool▁outputs▁end｜>' }}{% endif %}
+"""
+
+# DeepSeek-V3.1: tools in the system prompt, each call its name and its bare arguments (joined as text)
+DEEPSEEK_V31 = """{% set ns = namespace(is_first=false, is_tool=false, system_prompt='', is_last_user=false) %}
+{%- if tools is defined and tools is not none %}
+  {% set tool_ns = namespace(text='## Tools\\nYou have access to the following tools:\\n') %}
+  {% for tool in tools %}
+    {% set tool_ns.text = tool_ns.text + (tool | tojson) %}
+  {% endfor %}
+  {% set tool_ns.text = tool_ns.text + 'IMPORTANT: ALWAYS adhere to this exact format for tool use:\\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>\\n' %}
+  {% set ns.system_prompt = ns.system_prompt + '\\n\\n' + tool_ns.text %}
+{% endif %}
+{{ bos_token }}{{ ns.system_prompt }}
+{%- for message in messages %}
+  {%- if message['role'] == 'user' %}
+    {%- set ns.is_tool = false -%}
+    {%- set ns.is_first = false -%}
+    {%- set ns.is_last_user = true -%}
+    {{'<｜User｜>' + message['content']}}
+  {%- endif %}
+  {%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] is not none %}
+    {%- if ns.is_last_user %}{{'<｜Assistant｜></think>'}}{%- endif %}
+    {%- set ns.is_last_user = false -%}
+    {%- set ns.is_first = false %}
+    {%- set ns.is_tool = false -%}
+    {%- for tool in message['tool_calls'] %}
+      {%- if not ns.is_first %}
+        {{ (message['content'] or '') + '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>' }}
+        {%- set ns.is_first = true -%}
+      {%- else %}
+        {{'<｜tool▁call▁begin｜>' + tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}
+      {%- endif %}
+    {%- endfor %}
+    {{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}
+  {%- endif %}
+  {%- if message['role'] == 'assistant' and (message['tool_calls'] is not defined or message['tool_calls'] is none) %}
+    {%- if ns.is_last_user %}{{'<｜Assistant｜></think>'}}{%- endif %}
+    {%- set ns.is_last_user = false -%}
+    {{ message['content'] + '<｜end▁of▁sentence｜>' }}
+  {%- endif %}
+  {%- if message['role'] == 'tool' %}
+    {%- set ns.is_last_user = false -%}
+    {%- set ns.is_tool = true -%}
+    {{'<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}
+  {%- endif %}
+{%- endfor -%}
+{%- if add_generation_prompt and ns.is_last_user and not ns.is_tool %}{{'<｜Assistant｜></think>'}}{% endif %}
+"""
+
+# Kimi K2: tools declared as JSON, each call its id `functions.NAME:INDEX` and its JSON arguments,
+# a result introduced by the id of its call
+KIMI_K2 = """{%- if tools -%}
+  <|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>
+{%- endif -%}
+{%- for message in messages -%}
+  {%- if loop.first and messages[0]['role'] != 'system' -%}
+    <|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>
+  {%- endif -%}
+  {%- if message['role'] == 'system' -%}
+    <|im_system|>system<|im_middle|>
+  {%- elif message['role'] == 'user' -%}
+    <|im_user|>user<|im_middle|>
+  {%- elif message['role'] == 'assistant' -%}
+    <|im_assistant|>assistant<|im_middle|>
+  {%- else -%}
+    <|im_system|>tool<|im_middle|>
+  {%- endif -%}
+  {%- if message['role'] == 'assistant' and message.get('tool_calls') -%}
+    {%- if message['content'] -%}{{ message['content'] }}{%- endif -%}
+    <|tool_calls_section_begin|>
+    {%- for tool_call in message['tool_calls'] -%}
+      {%- set formatted_id = tool_call['id'] -%}
+      <|tool_call_begin|>{{ formatted_id }}<|tool_call_argument_begin|>{% if tool_call['function']['arguments'] is string %}{{ tool_call['function']['arguments'] }}{% else %}{{ tool_call['function']['arguments'] | tojson }}{% endif %}<|tool_call_end|>
+    {%- endfor -%}
+    <|tool_calls_section_end|>
+  {%- elif message['role'] == 'tool' -%}
+    ## Return of {{ message.tool_call_id }}
+{{ message['content'] }}
+  {%- else -%}
+    {{ message['content'] }}
+  {%- endif -%}
+  <|im_end|>
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  <|im_assistant|>assistant<|im_middle|>
+{%- endif -%}"""
+
+# GLM-4.5 / 4.6: tools in a system turn, each call its name then key and value tags, a value
+# written as it is if a string, else as JSON
+GLM45 = """[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}
+</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+<arg_key>{arg-key-2}</arg_key>
+<arg_value>{arg-value-2}</arg_value>
+...
+</tool_call>{%- endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}<|user|>
+{{ m.content }}
+{%- elif m.role == 'assistant' -%}
+<|assistant|>
+{{- '\\n<think></think>' }}
+{%- if m.content.strip() -%}
+{{ '\\n' + m.content.strip() }}
+{%- endif -%}
+{% if m.tool_calls %}
+{% for tc in m.tool_calls %}
+{%- if tc.function %}
+    {%- set tc = tc.function %}
+{%- endif %}
+{{ '\\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments %}
+{% for k, v in _args.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}
+</tool_call>{% endfor %}
+{% endif %}
+{%- elif m.role == 'tool' -%}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+    {{- '<|observation|>' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' }}
+{{- m.content }}
+{{- '\\n</tool_response>' }}
+{%- elif m.role == 'system' -%}
+<|system|>
+{{ m.content }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    <|assistant|>
+{%- endif -%}"""
+
+# gpt-oss (harmony): the functions in a developer message's `namespace functions` (the real one
+# writes their parameters as TypeScript; JSON here), each call a commentary message to
+# functions.NAME ended by <|call|>, a result a message from functions.NAME to the assistant
+GPT_OSS = """{{- '<|start|>system<|message|>Reasoning: ' + (reasoning_effort | default('medium')) + '<|end|>' }}
+{%- if tools -%}
+{{- '<|start|>developer<|message|># Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n' }}
+{%- for tool in tools -%}
+{%- set tool = tool.function -%}
+{{- '// ' + (tool.description or '') + '\\ntype ' + tool.name + ' = (_: ' + (tool.parameters | tojson) + ') => any;\\n\\n' }}
+{%- endfor -%}
+{{- '} // namespace functions<|end|>' }}
+{%- endif -%}
+{%- set ns = namespace(last_call='') -%}
+{%- for m in messages -%}
+{%- if m.role == 'assistant' and m.tool_calls -%}
+{%- for tool_call in m.tool_calls -%}
+{%- set tool_call = tool_call.function -%}
+{%- set ns.last_call = tool_call.name -%}
+{{- '<|start|>assistant to=' }}
+{{- 'functions.' + tool_call.name + '<|channel|>commentary ' }}
+{{- 'json<|message|>' }}
+{{- tool_call.arguments | tojson }}
+{{- '<|call|>' }}
+{%- endfor -%}
+{%- elif m.role == 'assistant' -%}
+{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|end|>' }}
+{%- elif m.role == 'tool' -%}
+{{- '<|start|>functions.' + ns.last_call + ' to=assistant<|channel|>commentary<|message|>' + (m.content | tojson) + '<|end|>' }}
+{%- else -%}
+{{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif -%}"""
+
 # template -> the parser `--tool-call-parser auto` takes for it
 EXPECTED = {"hermes": QWEN25, "llama3_json": LLAMA31, "mistral": MISTRAL_V03, "pythonic": LLAMA32_PYTHONIC,
-            "qwen3_coder": QWEN3_CODER}
+            "qwen3_coder": QWEN3_CODER, "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2,
+            "glm45": GLM45, "openai": GPT_OSS}
