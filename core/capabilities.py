@@ -14,6 +14,8 @@ Called once when an engine starts, before anything is loaded:
   lists is refused (BackendCapabilityError, one line naming the backend, the value asked and the
   values it supports): running it anyway would fail later inside a kernel, or silently compute
   something else;
+- LoRA adapters (--lora-adapters, --enable-lora) on a backend without Capabilities.lora, or
+  with shards, are refused (one line);
 - prefix caching or mixed prefill/decode steps, asked of a backend that declares it cannot do
   them, are turned off with one logged line (as vLLM does for prefix caching): both are
   optimisations, and the engine serves the same tokens without them;
@@ -56,6 +58,19 @@ def _check_quantization(backend: str, caps: Capabilities, quantize: str | None) 
                                      f"it supports: {_listed(caps.quantizations)}")
 
 
+def _check_lora(backend: str, caps: Capabilities, config: EngineConfig) -> None:
+    """LoRA adapters (core/lora) need the backend's batched low-rank kernel, and one shard."""
+    if not config.lora.enabled:
+        return
+    if not caps.lora:
+        raise BackendCapabilityError(f"backend {backend!r} does not serve LoRA adapters "
+                                     "(--lora-adapters / --enable-lora)")
+    shards = config.parallel.tensor_parallel_size
+    if shards > 1:
+        raise BackendCapabilityError(f"LoRA adapters cannot be combined with --num-shard {shards}: "
+                                     "adapters are not split over shards")
+
+
 def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -> EngineConfig:
     """The configuration this backend will run: `config` itself, or a copy with what the
     backend cannot do turned off. Raises BackendCapabilityError for what it cannot serve."""
@@ -67,6 +82,7 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if shards > 1 and caps.unshardable_reason:
         raise BackendCapabilityError(f"backend {backend!r} cannot run --num-shard {shards} here: "
                                      f"{caps.unshardable_reason}")
+    _check_lora(backend, caps, config)
     _check_quantization(backend, caps, config.model.quantize)  # as asked, then as served
     quantize = _served_quantization(config, caps)
     _check_quantization(backend, caps, quantize)

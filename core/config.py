@@ -281,7 +281,7 @@ class LoraConfig:
     # adapters resident at once, the stacks' slots (one step uses at most this many)
     max_loras: int = 8
     # the largest rank an adapter may have (the stacks' R)
-    max_lora_rank: int = 64
+    max_lora_rank: int = 16
 
     @property
     def enabled(self) -> bool:

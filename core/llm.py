@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .text.chat_template import render_chat
-from .config import (CacheConfig, EngineConfig, GrammarConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                     SpeculativeConfig)
+from .config import (CacheConfig, EngineConfig, GrammarConfig, LoraConfig, ModelConfig, ParallelConfig,
+                     SchedulerConfig, SpeculativeConfig)
 from .engine.core import EngineCore
 from .loader import load_hf_tokenizer
 from .engine.output_processor import OutputProcessor
@@ -64,7 +64,7 @@ class LLM:
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
                  parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None,
                  isa: str = "auto", compile_decode: bool = False, quantized_activations: str = "int8x2",
-                 task: str = "auto", pooling: str | None = None):
+                 task: str = "auto", pooling: str | None = None, lora: LoraConfig | None = None):
         """`chat_template`: a Jinja file's path or template text, for a model without one.
         `isa`: the instruction-set level the backend's kernels run at (EngineConfig.isa);
         `compile_decode`: run steps the way a server does (EngineConfig.compile_decode);
@@ -84,7 +84,7 @@ class LLM:
             backend=backend, grammar=grammar or GrammarConfig(),
             parallel=parallel or ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             speculative=speculative or SpeculativeConfig(), isa=isa, compile_decode=compile_decode,
-            quantized_activations=quantized_activations,
+            quantized_activations=quantized_activations, lora=lora or LoraConfig(),
         )
         # transformers' tokenizer, as vLLM's LLM holds (its apply_chat_template and the rest); a
         # server's engine holds the lighter ServingTokenizer where it can (core/engine/process.py)
@@ -104,14 +104,22 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None,
-                 on_text: TextCallback | None = None) -> list[GenerationResult]:
+                 on_text: TextCallback | None = None, lora_name: str | None = None) -> list[GenerationResult]:
         """`on_text(prompt index, sample index, text)`, if given, is called with each piece of
-        text as it is decoded (streaming); the results come back at the end either way."""
+        text as it is decoded (streaming); the results come back at the end either way.
+        `lora_name`: the LoRA adapter every prompt runs with (`lora=LoraConfig(...)`, load_lora)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         token_lists = [list(p) if not isinstance(p, str) else self.tokenizer.encode(p) for p in prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(texts, token_lists, params, on_text)
+        return self._run(texts, token_lists, params, on_text, lora_name)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter directory at `path` as `name` (core/lora)."""
+        self.engine.load_lora(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self.engine.unload_lora(name)
 
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | list[SamplingParams] | None = None,
              add_generation_prompt: bool = True, on_text: TextCallback | None = None) -> list[GenerationResult]:
@@ -146,7 +154,7 @@ class LLM:
 
     def _run(self, texts: list[str | None], token_lists: list[list[int]],
              params: SamplingParams | list[SamplingParams] | None,
-             on_text: TextCallback | None = None) -> list[GenerationResult]:
+             on_text: TextCallback | None = None, lora_name: str | None = None) -> list[GenerationResult]:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(token_lists)
         if len(params_list) != len(token_lists):
             raise ValidationError("one SamplingParams per prompt, or a single one", "params")
@@ -159,7 +167,8 @@ class LLM:
                 for j in range(p.n):
                     child = replace(p, n=1, seed=None if p.seed is None else sequence_seed(p.seed, j))
                     # the n samples of a prompt share its KV blocks, even with prefix caching off
-                    request = Request(f"offline-{next(self._ids)}", ids, child, share_group=f"offline-prompt-{i}")
+                    request = Request(f"offline-{next(self._ids)}", ids, child, share_group=f"offline-prompt-{i}",
+                                      lora_name=lora_name)
                     self.engine.add_request(request)
                     processor.add_request(request)
                     children[request.request_id] = (i, j)

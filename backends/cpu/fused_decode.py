@@ -130,7 +130,7 @@ class FusedDecodeRunner(CpuModelRunner):
     def forward(self, step) -> torch.Tensor:
         # a float model's step with prompt tokens or prompt logprobs runs the model's forward
         decode_rows = step.meta.num_decodes == step.input_ids.shape[0] and not step.prompt_logits_spans
-        if not (self.by_row or decode_rows):
+        if not (self.by_row or decode_rows) or step.lora is not None:  # LoRA rows: the wrapped layers (core/lora)
             return super().forward(step)
         meta = step.meta  # one decode row per query token (core/execution/runner.py build_step_input)
         hidden = self.layout.embed(step.input_ids).contiguous()

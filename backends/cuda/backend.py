@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import torch
 
-from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, ProbeResult,
-                                     ShardInfo)
+from switchyard.core.backend import (SINGLE_SHARD, AttentionKernel, AttentionSpec, Backend, Capabilities, LoraKernel,
+                                     ProbeResult, ShardInfo)
 from switchyard.core.shards.process_group import ProcessGroupShards
 from switchyard.core.config import CacheConfig, EngineConfig
 from switchyard.core.quant.methods import served_by
@@ -68,6 +68,7 @@ class CudaBackend(ProcessGroupShards, Backend):
         self.quantized: dict[str, int] = {}  # kernel kind -> how many linears it took (prepare_model)
         self.memory_profile: MemoryProfile | None = None
         self.attention_choices: dict[AttentionSpec, AttentionChoice] = {}
+        self._lora: LoraKernel | None = None
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -82,7 +83,9 @@ class CudaBackend(ProcessGroupShards, Backend):
                             # eagerly: the decode graphs take steps of one token per request
                             multi_token_decode=True,
                             # the Triton kernels write and read them (flash-attn is not chosen for them)
-                            kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"))
+                            kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"),
+                            # the Triton shrink and expand (kernels/lora.py)
+                            lora=True)
 
     @property
     def device(self) -> torch.device:
@@ -140,6 +143,14 @@ class CudaBackend(ProcessGroupShards, Backend):
         if choice.impl == "flash-attn":
             return FlashAttnKernel(spec, flash_attn.flash_attn_varlen_func, triton_write_kv)
         return triton_attention(spec)
+
+    def lora_kernel(self) -> LoraKernel:
+        """The Triton shrink and expand (kernels/lora.py; triton imported at the first call)."""
+        if self._lora is None:
+            from .kernels.lora import TritonLoraKernel
+
+            self._lora = TritonLoraKernel()
+        return self._lora
 
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config: EngineConfig) -> CudaGraphRunner:
         runner = CudaGraphRunner(loaded.model, self, kv_caches, config.cache.block_size,

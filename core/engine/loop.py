@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .channel import Channel
-from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, Ready, Settled,
-                              StartupFailed, StepDone, StepFailed, StepStats, Stop, portable)
+from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, LoadLora, Ready, Settled,
+                              StartupFailed, StepDone, StepFailed, StepStats, Stop, UnloadLora, portable)
 from ..errors import BackendError, EngineDeadError, ShardTerminated
 from ..memory import release_freed_memory
 from ..text.serving_tokenizer import gateway_tokenizer
@@ -165,6 +165,8 @@ class EngineLoop:
             self._abort(command.request_id)
         elif isinstance(command, CompileGrammar):
             self._compile(command)
+        elif isinstance(command, (LoadLora, UnloadLora)):
+            self._lora(command)
         else:
             raise TypeError(f"unknown engine command {command!r}")
 
@@ -192,6 +194,19 @@ class EngineLoop:
             self.processor.remove_request(request_id)
             if self.tracer is not None:
                 self.tracer.end(request_id, time.time_ns(), FinishReason.ABORT.value)
+
+    def _lora(self, command: LoadLora | UnloadLora) -> None:
+        """Load or unload a LoRA adapter between steps (core/lora/manager.py); a bad adapter or an
+        unknown name is the caller's error and changes nothing."""
+        try:
+            if isinstance(command, LoadLora):
+                self.engine.load_lora(command.name, command.path)
+            else:
+                self.engine.unload_lora(command.name)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            self.channel.send(Settled(command.token, portable(exc)))
+            return
+        self.channel.send(Settled(command.token, None))
 
     def _compile(self, command: CompileGrammar) -> None:
         """On the engine's grammar workers; answered from their thread when done."""

@@ -17,8 +17,10 @@ from ..backend import SINGLE_SHARD, Backend, ShardGroup, ShardInfo, ShardLaunche
 from ..config import EXECUTOR_BACKENDS, CacheConfig, EngineConfig
 from ..shards.distributed import broadcast_object, destroy_process_group, min_across_shards, plan_node
 from ..errors import ShardTerminated
-from ..kv.sizing import KVCacheSize, with_usable_tokens
+from ..kv.sizing import KVCacheSize, with_usable_tokens, without_bytes
 from ..loader import LoadedModel, choose_model, load_model
+from ..lora.manager import LoraManager
+from ..lora.attach import attach_lora, find_targets, wrap_layers
 from ..memory import drop_mapped_weight_pages, release_freed_memory
 from ..models import check_shardable
 from ..pooling.serving import serving_config
@@ -63,6 +65,7 @@ class ShardModel:
     num_blocks: int  # the same on every shard: the smallest any of them can hold
     runner: ModelRunner
     config: EngineConfig  # what the engine serves the loaded model with (core/pooling/serving.py)
+    lora: LoraManager | None = None  # LoRA adapters (core/lora), shared with the runner; None: off
 
 
 def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo = SINGLE_SHARD) -> ShardModel:
@@ -76,16 +79,22 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
                         kv_cache_dtype=config.cache.kv_cache_dtype)
     config = serving_config(config, loaded, backend.name, backend.capabilities().pooling)  # a pooling model's
     drop_mapped_weight_pages()  # what reading read: a copied matrix's (a fused projection's) pages
+    lora_targets = find_targets(loaded.model) if config.lora.enabled else None  # before prepare_model swaps layers
     backend.prepare_model(loaded, config)
     drop_mapped_weight_pages()  # what packing read of a still-mapped file (a GGUF embedding's rows) leaves RSS
+    lora = None if lora_targets is None else attach_lora(loaded, backend, config, lora_targets)  # its stacks
     backend.profile_run(loaded, config)
-    num_blocks = num_kv_blocks_for(with_usable_tokens(config.cache, config.scheduler.max_num_seqs,
-                                                      loaded.max_model_len, model_dtype_block_bytes(loaded)),
-                                   loaded, backend)
+    cache = with_usable_tokens(config.cache, config.scheduler.max_num_seqs, loaded.max_model_len,
+                               model_dtype_block_bytes(loaded))
+    num_blocks = num_kv_blocks_for(without_bytes(cache, 0 if lora is None else lora.nbytes), loaded, backend)
     if shard.sharded:
         num_blocks = min_across_shards(num_blocks)
     kv_caches = backend.allocate_kv_cache(loaded.num_layers, num_blocks, loaded.attention_spec)
-    return ShardModel(loaded, num_blocks, runner_for(backend, loaded, kv_caches, config), config)
+    runner = runner_for(backend, loaded, kv_caches, config)
+    if lora is not None:  # after the runner: a backend's own decode path holds the layers as they were
+        wrap_layers(loaded.model, lora)
+        runner.lora = lora
+    return ShardModel(loaded, num_blocks, runner, config, lora)
 
 
 def run_shard(shard: ShardInfo, config: EngineConfig, backend_name: str) -> None:

@@ -112,6 +112,11 @@ def decode_rows_only(scheduler_output: SchedulerOutput) -> bool:
                                                     and not s.pools for s in scheduler_output.scheduled)
 
 
+def _uses_adapters(scheduler_output: SchedulerOutput) -> bool:
+    """A step with LoRA adapter rows (core/lora) runs eagerly: the graphs hold the base model only."""
+    return any(s.lora_name is not None for s in scheduler_output.scheduled)
+
+
 def sampling_rows(scheduled: tuple[ScheduledRequest, ...], logits: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]:
     """The rows of a padded step's logits [bucket, vocab] that sample, and their request ids
     (ModelRunner.execute's result)."""
@@ -142,7 +147,7 @@ class BucketedDecodeRunner(ModelRunner):
     def graph_batch_size(self, scheduler_output: SchedulerOutput) -> int | None:
         """The bucket a step runs in, or None when it runs eagerly."""
         sizes = self.ready_sizes()
-        if not sizes or not decode_only(scheduler_output):
+        if not sizes or not decode_only(scheduler_output) or _uses_adapters(scheduler_output):
             return None
         return bucket_for(len(scheduler_output.scheduled), sizes)
 

@@ -67,6 +67,14 @@ def with_usable_tokens(cache: CacheConfig, max_num_seqs: int, max_model_len: int
                    model_dtype_block_bytes=model_dtype_block_bytes)
 
 
+def without_bytes(cache: CacheConfig, nbytes: int) -> CacheConfig:
+    """`cache` with `nbytes` that something else holds (LoRA's adapter stacks, core/lora) taken off
+    its --kv-cache-memory budget; the token rule and a configured block count are left as they are."""
+    if cache.kv_cache_memory is None or nbytes <= 0:
+        return cache
+    return replace(cache, kv_cache_memory=max(1, cache.kv_cache_memory - nbytes))
+
+
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
     """Blocks that hold `tokens`, plus the reserved block 0."""
     return -(-tokens // block_size) + 1
