@@ -83,6 +83,10 @@ class Capabilities:
     # Whether it serves LoRA adapters (core/lora): then Backend.lora_kernel returns its batched
     # low-rank kernel. --lora-adapters / --enable-lora are refused at start, in one line, where not.
     lora: bool = False
+    # Whether it runs a vision-language model's vision tower (core/models/siglip.py: plain torch
+    # modules on its device, core/multimodal). Where not, such a model serves text only: its start
+    # logs one line saying so and a request with images is refused (400).
+    vision_encoders: bool = False
 
 
 @dataclass(frozen=True)

@@ -197,16 +197,24 @@ class InternalErrors:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+# A param that starts with this names the field in the request's own dialect already: a part another
+# dialect's parser translated into a chat part keeps its place (gateway/openai/images.py ORIGIN).
+DIALECT_PARAM = "@"
+
+
 def renamed_error(error: GatewayError, params, words) -> GatewayError:
     """`error` in another dialect's field names than the chat route's it was raised in: `params`,
     (compiled pattern, replacement) pairs, the first that matches renames its param; `words`,
     (chat word, dialect word) pairs, replace words of its message. `error` itself where nothing
     changes."""
     param = error.param
-    for pattern, replacement in params:
-        if param is not None and pattern.search(param):
-            param = pattern.sub(replacement, param)
-            break
+    if param is not None and param.startswith(DIALECT_PARAM):
+        param = param[len(DIALECT_PARAM):]  # the dialect's own name already (a translated part's)
+    else:
+        for pattern, replacement in params:
+            if param is not None and pattern.search(param):
+                param = pattern.sub(replacement, param)
+                break
     message = error.message
     for chat_word, word in words:
         message = message.replace(chat_word, word)

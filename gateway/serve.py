@@ -147,6 +147,9 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str])
     from .task_flags import add_task_flags
 
     add_task_flags(parser, environ)
+    from .media.flags import add_media_flags
+
+    add_media_flags(parser, environ)
     from .tracing import add_tracing_flags
 
     add_tracing_flags(parser, environ)
@@ -288,7 +291,14 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         json_output=args.json_output, disable_grammar_support=args.disable_grammar_support,
         graceful_shutdown_s=args.graceful_shutdown_timeout, grpc_port=args.grpc_port, version=_version(),
         tracing=_tracing_config(args), reasoning_parser=_reasoning_parser(args),
-        tool_call_parser=_tool_call_parser(args), lora=_lora_settings(args))
+        tool_call_parser=_tool_call_parser(args), lora=_lora_settings(args),
+        media=_media_policy(args))
+
+
+def _media_policy(args: argparse.Namespace):
+    from .media.flags import media_policy
+
+    return media_policy(args)
 
 
 def _lora_settings(args: argparse.Namespace):

@@ -223,12 +223,13 @@ class GenerationService:
         return (await self._add([request], arrival_time))[0]
 
     async def submit_all(self, prompts: list[tuple[list[int], SamplingParams]],
-                         arrival_time: float | None = None) -> list[RequestStream]:
+                         arrival_time: float | None = None, images: tuple = ()) -> list[RequestStream]:
         """Submit several sequences (prompts x n) in one engine command; all or none. They
         form one share group, admitted together: the n / best_of sequences of a prompt
-        share its KV blocks even with prefix caching off."""
+        share its KV blocks even with prefix caching off. `images` (core/multimodal ImageData):
+        every prompt's, one per image placeholder, in order."""
         base = uuid.uuid4().hex
-        return await self._add([Request(f"{base}-{i}", list(ids), params, share_group=base)
+        return await self._add([Request(f"{base}-{i}", list(ids), params, share_group=base, images=tuple(images))
                                 for i, (ids, params) in enumerate(prompts)], arrival_time)
 
     async def submit_pooling(self, prompts: list[list[int]], params: PoolingParams,

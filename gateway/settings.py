@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from switchyard.core.config import TracingConfig
 
 from .lora.adapters import LoraSettings
+from .media.policy import MediaPolicy
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ServerSettings:
     reasoning_parser: str = "auto"  # --reasoning-parser (gateway/reasoning/select.py)
     tool_call_parser: str = "auto"  # --tool-call-parser (gateway/tool_parsers/select.py)
     lora: LoraSettings = field(default_factory=LoraSettings)  # adapters (gateway/lora)
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # images accepted (gateway/media)
     version: str = "0.1.0"
 
 

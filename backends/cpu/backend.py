@@ -25,6 +25,7 @@ from .runner import CpuModelRunner
 from .fused_decode import describe as describe_fused
 from .linear import describe as describe_linears
 from .linear import load_rows_kernel, pack_linears, packable_dtypes, packing_supported, rows_kernel_rows
+from .lora import CpuLoraKernel
 from .quant import load_block_kernel, pack_quantized
 from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
 from .tuning import choose_single_row_products
@@ -123,6 +124,9 @@ class CpuBackend(ProcessGroupShards, Backend):
         # the engine asks for prepared decode steps (EngineConfig.compile_decode); False: compiled graphs.
         self.fused_decode = fused_decode
         self._isa = ""  # the level the kernels run at, once prepare_model has built them
+        # what prepare_model learns of the engine's configuration, for kernels built later (lora_kernel)
+        self._isa_setting, self._cache_dir = "auto", None
+        self._lora: CpuLoraKernel | None = None
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -144,7 +148,10 @@ class CpuBackend(ProcessGroupShards, Backend):
                             # block formats: integer products against int8 activations (quant.py)
                             integer_quantizations=("gguf", "int4"),
                             # every path reads and writes them: the C++ decode kernel and layers, the gather path
-                            kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"))
+                            kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"),
+                            vision_encoders=True,  # the SigLIP tower in plain torch (core/multimodal)
+                            # csrc/lora.cpp (lora.py), plain torch where it cannot be built
+                            lora=True)
 
     def process_environment(self, config) -> dict[str, str]:
         """The tuned runtime of runtime.py (allocator, Intel OpenMP, threads, binding when the
@@ -201,6 +208,9 @@ class CpuBackend(ProcessGroupShards, Backend):
         for oneDNN (linear.py; bf16 ones with the bf16 row kernel for few-row steps, _rows_kernel), then tells the remaining linears how this CPU multiplies a
         single row (tuning.py). The plain runner runs the result."""
         self._say_isa(config.isa)
+        self._isa_setting, self._cache_dir = config.isa, config.model.cache_dir
+        if config.lora.enabled:
+            logger.info("LoRA deltas: %s", self.lora_kernel().path)
         if any(isinstance(m, Linear) and m.quantized is not None for m in loaded.model.modules()):
             blocks = load_block_kernel(_cache_root(config.model.cache_dir), isa=config.isa)
             pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None,
@@ -211,6 +221,14 @@ class CpuBackend(ProcessGroupShards, Backend):
 
     def kernel_isa(self) -> str:
         return self._isa
+
+    def lora_kernel(self) -> CpuLoraKernel:
+        """csrc/lora.cpp built (or reused) at the engine's instruction-set level (prepare_model
+        learns it; "auto" before), once; the plain-torch reference, its reason logged once, where
+        it cannot be built."""
+        if self._lora is None or self._lora.isa != self._isa_setting:
+            self._lora = CpuLoraKernel.load(_cache_root(self._cache_dir), self._isa_setting)
+        return self._lora
 
     def _say_isa(self, isa: str) -> None:
         """Once per engine: the instruction-set level every kernel is built for (the start log, /info)."""
@@ -248,8 +266,12 @@ class CpuBackend(ProcessGroupShards, Backend):
         layout = loaded.model.decoder_layout()
         fused = self._fused_program(layout, loaded.dtype, config, cache_root)
         if not isinstance(fused, str):
-            logger.info("CPU decode steps: every layer in C++ (fused decode layers)")
+            logger.info("CPU decode steps: every layer in C++ (fused decode layers)%s", "; steps with LoRA adapter "
+                        "rows run the model's layers" if config.lora.enabled else "")
             return FusedDecodeRunner(loaded.model, self, kv_caches, config.cache.block_size, layout, fused)
+        if config.lora.enabled:  # graphs compiled now would hold the layers without their adapters
+            logger.info("LoRA adapters: steps run the model's layers (no fused decode layers: %s)", fused)
+            return CpuModelRunner(loaded.model, self, kv_caches, config.cache.block_size)
         logger.info("CPU fused decode layers off (%s): decode steps compiled instead", fused)
         runner = CompiledDecodeRunner(
             loaded.model, self, kv_caches, config.cache.block_size,

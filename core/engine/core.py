@@ -17,6 +17,7 @@ from ..kv import BlockPool, KVCacheManager
 from ..loader import load_hf_tokenizer
 from ..params import ValidationError
 from ..plugins import select_backend
+from ..multimodal.processor import image_prompts_for, prepare_images
 from ..pooling.pooler import Pooler
 from ..pooling.serving import check_served
 from ..scheduling.request import EngineCoreOutput, FinishReason, Request, decide_finish
@@ -58,9 +59,13 @@ class EngineCore:
         self.loaded, num_blocks, self.runner = built.loaded, built.num_blocks, built.runner
         self.config = config = built.config  # a pooling model's serving (core/pooling/serving.py)
         self.pooler = Pooler(self.loaded.pooling) if self.loaded.pooling is not None else None  # embeddings
+        self.lora = built.lora  # LoRA adapters (core/lora/manager.py); None: off
+        self.image_prompts = image_prompts_for(self.loaded, self.backend)  # None: text only (core/multimodal)
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids, config.speculative.num_speculative_tokens,
-                               self.backend.kernel_isa(), pooling=self.loaded.pooling)
+                               self.backend.kernel_isa(), pooling=self.loaded.pooling,
+                               image_token=self.image_prompts.image_token if self.image_prompts else None,
+                               lora_adapters=None if self.lora is None else self.lora.names)
         # constrained requests speculate too: their matchers roll back over k proposals
         self.constrained = ConstrainedRequests(self.loaded.vocab_size, self.info.eos_token_ids,
                                                config.speculative.num_speculative_tokens)
@@ -81,8 +86,9 @@ class EngineCore:
         # constrained requests whose grammar is still compiling: held here, out of the scheduler
         self._awaiting_grammar: dict[str, tuple[Request, Future]] = {}
         kv = kv_cache_size(self.loaded, num_blocks)
-        logger.info("engine ready: backend=%s, %s%s", self.backend.name, kv.describe(),
-                    " on each shard (its heads)" if self.shards.sharded else "")
+        logger.info("engine ready: backend=%s, %s%s%s", self.backend.name, kv.describe(),
+                    " on each shard (its heads)" if self.shards.sharded else "",
+                    "" if self.lora is None else f"; {self.lora.describe()}")
         if self.info.max_batch_total_tokens < self.info.max_model_len:
             logger.warning("the KV cache holds %d tokens, fewer than the context of %d: a longer request is "
                            "refused", self.info.max_batch_total_tokens, self.info.max_model_len)
@@ -94,6 +100,8 @@ class EngineCore:
         is settled at once; otherwise it waits here, off the step, until its grammar is
         compiled, and a failure then comes back as its output's `error`."""
         check_served(request, self.info.pooling)  # embeddings to a pooling model, generation to the others
+        self._admit_adapter(request)
+        prepare_images(self.image_prompts, request)  # expands its image placeholders (core/multimodal)
         request.max_model_len = min(request.max_model_len, self.info.max_model_len)
         if not request.eos_token_ids:
             request.eos_token_ids = self.info.eos_token_ids
@@ -108,6 +116,35 @@ class EngineCore:
             self._queue(request, future.result())
         else:
             self._awaiting_grammar[request.request_id] = (request, future)
+
+    def _admit_adapter(self, request: Request) -> None:
+        """A request's LoRA adapter must be served (ValidationError); its prefix-cache salt names it."""
+        if self.lora is not None:
+            self.lora.admit(request)
+        elif request.lora_name is not None:
+            raise ValidationError(f"LoRA adapter {request.lora_name!r} requested, but LoRA adapters are not served "
+                                  "(--lora-adapters, --enable-lora)", "model")
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` as `name` (LoadLora); raises, changing nothing, if it cannot."""
+        if self.lora is None:
+            raise ValidationError("LoRA adapters are not served (start with --enable-lora)")
+        self.lora.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests may no longer name `name` (UnloadLora); those in flight finish with it."""
+        if self.lora is None:
+            raise ValidationError("LoRA adapters are not served (start with --enable-lora)")
+        self.lora.unload(name, in_use=name in self._adapters_in_use())
+
+    def _release_adapters(self) -> None:
+        """Drops the unloaded LoRA adapters whose last requests have ended."""
+        if self.lora is not None and self.lora.retiring:
+            self.lora.release_unused(self._adapters_in_use())
+
+    def _adapters_in_use(self) -> set[str]:
+        requests = list(self.scheduler.requests.values()) + [r for r, _ in self._awaiting_grammar.values()]
+        return {r.lora_name for r in requests if r.lora_name is not None}
 
     def _queue(self, request: Request, compiled=None) -> None:
         self.scheduler.add_request(request)
@@ -125,6 +162,7 @@ class EngineCore:
         self._prompt_logprobs.pop(request_id, None)
         if self.pooler is not None:
             self.pooler.forget(request_id)
+        self._release_adapters()
 
     def check_health(self) -> None:
         """Raises ShardTerminated (core/errors.py) if one of the engine's shard processes has
@@ -158,6 +196,7 @@ class EngineCore:
             self.scheduler.update(scheduler_output, {})
             return failed + pooled
         outputs = self._sample_and_update(scheduler_output, logits, request_ids) + pooled
+        self._release_adapters()
         speculator = self.scheduler.speculator
         if speculator is not None and decode_rows_only(scheduler_output):  # what a row costs (core/spec/cost.py)
             speculator.observe_step(scheduler_output.num_batched_tokens, time.perf_counter() - started)

@@ -31,6 +31,9 @@ class EngineInfo:
     pooling: PoolingSpec | None = None
     # LoRA adapters (core/lora): the names served at start; None: adapters are off
     lora_adapters: tuple[str, ...] | None = None
+    # images in (core/multimodal): the placeholder text a prompt carries for each image (the
+    # model's image token, e.g. "<image>"); None: the model (or its backend) reads text only
+    image_token: str | None = None
 
     @property
     def max_batch_total_tokens(self) -> int:

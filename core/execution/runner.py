@@ -1,11 +1,16 @@
 """Flattens one step into a ragged token batch, runs the model, returns logits."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from ..backend_contract import AttentionMetadata, BackendInterface
+from ..backend_contract import AttentionMetadata, BackendInterface, LoraBatch
+from ..lora.batch import BASE, lora_batch, slice_batch
+from ..multimodal.encoder_cache import EncoderCache
+from ..multimodal.splice import spliced_embeddings
 from ..scheduling.output import ScheduledRequest, SchedulerOutput
 
 
@@ -22,6 +27,10 @@ class StepInput:
     prompt_logits_spans: tuple[tuple[str, int, int], ...] = ()
     # (request id, first flat token index, count) of every token of each pooling request (core/pooling)
     pooling_spans: tuple[tuple[str, int, int], ...] = ()
+    # LoRA (core/lora): the adapter slot of every token, and of every logits_indices row; None: no
+    # token of the step has an adapter
+    lora: LoraBatch | None = None
+    lora_logits: LoraBatch | None = None
 
 
 def decodes_by_row(s: ScheduledRequest) -> bool:
@@ -45,14 +54,15 @@ def order_for_attention(scheduled: tuple[ScheduledRequest, ...], by_row: bool = 
 
 
 def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device,
-                     by_row: bool = False) -> StepInput:
+                     by_row: bool = False, lora_slots: Mapping[str, int] | None = None) -> StepInput:
     """The host-side lists are built in plain Python and each becomes one tensor: a step
     holds few tokens, and small torch ops cost more than the lists (repeat_interleave and
     advanced indexing also start OpenMP regions, which stall for milliseconds on a busy
     machine). `by_row`: every query token is a decode row, a prompt chunk's too (each
     attends to the cache up to its own position, written before any row attends), so the
     attention of a token does not depend on how its prompt was cut into chunks, on a cached
-    prefix, or on the rows beside it (batch invariance, where the runner asks for it)."""
+    prefix, or on the rows beside it (batch invariance, where the runner asks for it). `lora_slots`:
+    the slot of each adapter of the step (core/lora/manager.py activate), when LoRA is on."""
     ordered = order_for_attention(scheduler_output.scheduled, by_row)
     input_ids: list[int] = []
     positions: list[int] = []
@@ -100,12 +110,23 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         num_decodes=num_decodes, max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
         max_seq_len=max(seq_lens),
         query_start_loc_cpu=tuple(query_start_loc), seq_lens_cpu=tuple(seq_lens))
+    lora = lora_logits = None
+    if lora_slots is not None:
+        lora, lora_logits = _lora_batches(ordered, lora_slots, logits_indices, device)
     return StepInput(
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device), meta=meta,
         logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
         sampling_request_ids=tuple(sampling_ids), prompt_logits_spans=tuple(prompt_spans),
-        pooling_spans=tuple(pooling_spans))
+        pooling_spans=tuple(pooling_spans), lora=lora, lora_logits=lora_logits)
+
+
+def _lora_batches(ordered: list[ScheduledRequest], lora_slots: Mapping[str, int], logits_indices: list[int],
+                  device: torch.device) -> tuple[LoraBatch | None, LoraBatch | None]:
+    """The LoraBatch of the step's tokens (laid out as `ordered`) and of its logits rows."""
+    token_slots = [BASE if s.lora_name is None else lora_slots[s.lora_name]
+                   for s in ordered for _ in range(len(s.token_ids))]
+    return lora_batch(token_slots, device), lora_batch([token_slots[i] for i in logits_indices], device)
 
 
 def _slots(block_ids: tuple[int, ...], start: int, stop: int, block_size: int) -> list[int]:
@@ -134,24 +155,56 @@ class ModelRunner:
         # request id -> final hidden states [n, hidden] of a pooling request's tokens in the last
         # step (ScheduledRequest.pools), which the engine's pooler reduces (core/pooling/pooler.py)
         self.last_pooling_hidden: dict[str, torch.Tensor] = {}
+        # LoRA adapters (core/lora/manager.py), set by the loader where they are on; None: off
+        self.lora = None
+        self.encoder_cache = EncoderCache()  # image embeddings by content hash (core/multimodal)
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
         """Returns float32 logits [R, vocab] of the requests that sample (ScheduledRequest.num_logits
         rows each: one, or k + 1 for a request verifying k proposals), and their ids."""
-        step = build_step_input(scheduler_output, self.block_size, self.backend.device, self.by_row)
-        hidden = self.forward(step)
-        self.last_prompt_logits = {rid: self.model.compute_logits(hidden[start:start + count])
+        step = build_step_input(scheduler_output, self.block_size, self.backend.device, self.by_row,
+                                self._lora_slots(scheduler_output))
+        with self._lora_rows(step.lora):
+            hidden = (self.forward_images(scheduler_output, step) if _has_images(scheduler_output)
+                      else self.forward(step))
+        self.last_prompt_logits = {rid: self._logits(hidden[start:start + count], slice_batch(step.lora, start, count))
                                    for rid, start, count in step.prompt_logits_spans}
         self.last_pooling_hidden = {rid: hidden[start:start + count] for rid, start, count in step.pooling_spans}
         if not step.sampling_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32), ()
-        logits = self.model.compute_logits(hidden[step.logits_indices])
+        logits = self._logits(hidden[step.logits_indices], step.lora_logits)
         return logits, step.sampling_request_ids
+
+    def _lora_slots(self, scheduler_output: SchedulerOutput) -> dict[str, int] | None:
+        """LoRA (core/lora): the slot of each adapter of the step, made resident now; None when the
+        step has none (or LoRA is off)."""
+        names = [] if self.lora is None else [s.lora_name for s in scheduler_output.scheduled if s.lora_name]
+        return self.lora.activate(names) if names else None
+
+    def _lora_rows(self, batch: LoraBatch | None):
+        """The adapters of the rows a block computes, for the model's wrapped layers (core/lora/context.py)."""
+        return nullcontext() if self.lora is None else self.lora.context.rows(batch)
+
+    def _logits(self, hidden: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        """compute_logits of these rows, each with its adapter's output head where one targets it."""
+        with self._lora_rows(lora):
+            return self.model.compute_logits(hidden)
+
+    def forward_images(self, scheduler_output: SchedulerOutput, step: StepInput) -> torch.Tensor:
+        """A step that computes image tokens: always the model's own forward, given the step's
+        input embeddings with the images' written in (core/multimodal/splice.py)."""
+        ordered = order_for_attention(scheduler_output.scheduled, self.by_row)
+        embeds = spliced_embeddings(self.model, step.input_ids, ordered, self.encoder_cache)
+        return self.model(step.input_ids, step.positions, self.kv_caches, step.meta, inputs_embeds=embeds)
 
     def forward(self, step: StepInput) -> torch.Tensor:
         """The final hidden states of every token of the step [T, hidden]."""
         return self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+
+
+def _has_images(scheduler_output: SchedulerOutput) -> bool:
+    return any(s.images for s in scheduler_output.scheduled)
 
 
 def runner_for(backend, loaded, kv_caches: list[torch.Tensor], config) -> ModelRunner:

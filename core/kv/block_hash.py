@@ -25,15 +25,20 @@ def root_hash(salt: str | None) -> BlockHash:
     return hashlib.sha256(b"switchyard-kv\x00" + (salt or "").encode()).digest()
 
 
-def hash_block(parent: BlockHash, token_ids) -> BlockHash:
-    return hashlib.sha256(parent + array("i", token_ids).tobytes()).digest()
+def hash_block(parent: BlockHash, token_ids, extra: bytes = b"") -> BlockHash:
+    """`extra`: what else decides the block's keys and values besides its tokens (the content
+    hashes of the images its placeholder tokens stand for, core/multimodal/inputs.py)."""
+    return hashlib.sha256(parent + array("i", token_ids).tobytes() + extra).digest()
 
 
 def extend_block_hashes(block_hashes: list[BlockHash], token_slice: Callable[[int, int], Sequence[int]],
-                        num_tokens: int, block_size: int, salt: str | None) -> None:
+                        num_tokens: int, block_size: int, salt: str | None,
+                        extra_key: Callable[[int, int], bytes] | None = None) -> None:
     """Append the hashes of the full blocks among the first `num_tokens` tokens that
-    `block_hashes` does not cover yet; `token_slice(start, stop)` reads the tokens."""
+    `block_hashes` does not cover yet; `token_slice(start, stop)` reads the tokens, and
+    `extra_key(start, stop)`, if given, what else the block of those positions depends on."""
     parent = block_hashes[-1] if block_hashes else root_hash(salt)
     for index in range(len(block_hashes), num_tokens // block_size):
-        parent = hash_block(parent, token_slice(index * block_size, (index + 1) * block_size))
+        start, stop = index * block_size, (index + 1) * block_size
+        parent = hash_block(parent, token_slice(start, stop), extra_key(start, stop) if extra_key else b"")
         block_hashes.append(parent)

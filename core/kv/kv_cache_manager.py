@@ -153,7 +153,7 @@ class KVCacheManager:
     def _extend_hashes(self, request: Request, num_tokens: int) -> None:
         if len(request.block_hashes) < num_tokens // self.block_size:
             extend_block_hashes(request.block_hashes, request.token_slice, num_tokens, self.block_size,
-                                self._salt(request))
+                                self._salt(request), request.block_extra_key if request.image_spans else None)
 
     def free(self, request: Request) -> None:
         """Return the request's blocks to the pool, tail first, and clear its block ids.

@@ -180,7 +180,7 @@ def load_model(model_config: ModelConfig, backend: BackendInterface, block_size:
     model.fit_context(max_model_len)  # e.g. longrope picks its factors for the served context
     return LoadedModel(model=model, hf_config=plan.hf_config, attention_spec=specs[0], attention_specs=specs,
                        num_layers=len(specs), eos_token_ids=_eos_token_ids(plan.source, plan.hf_config),
-                       max_model_len=max_model_len, vocab_size=plan.hf_config.vocab_size, dtype=plan.dtype,
+                       max_model_len=max_model_len, vocab_size=_vocab_size(plan.hf_config), dtype=plan.dtype,
                        source=plan.source, model_impl=choice.impl, pooling=choice.pooling)
 
 
@@ -280,6 +280,12 @@ def _progress(weights: Iterable, total: int) -> Iterable:
     from tqdm.auto import tqdm
 
     return tqdm(weights, total=total, desc="Loading weights", unit="tensor")
+
+
+def _vocab_size(hf_config: Any) -> int:
+    """The output vocabulary: a vision-language model's is its text model's."""
+    vocab_size = getattr(hf_config, "vocab_size", None)
+    return vocab_size if vocab_size is not None else hf_config.text_config.vocab_size
 
 
 def _first(ids: int | list[int] | None) -> int | None:

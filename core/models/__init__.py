@@ -21,6 +21,7 @@ from torch import nn
 from .bert import BertEmbeddingModel
 from .decoder_embedding import LlamaEmbeddingModel
 from .gemma import GemmaForCausalLM
+from .idefics3 import Idefics3ForConditionalGeneration
 from .errors import UnsupportedModelError
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
 from .modernbert import ModernBertEmbeddingModel
@@ -41,6 +42,8 @@ MODEL_TYPES: dict[str, type[nn.Module]] = {
     "qwen3_moe": MoeForCausalLM,
     "gemma2": GemmaForCausalLM,
     "gemma3_text": GemmaForCausalLM,
+    "idefics3": Idefics3ForConditionalGeneration,  # images in, text out (core/multimodal)
+    "smolvlm": Idefics3ForConditionalGeneration,
 }
 MODEL_IMPLS = ("auto", "native", "transformers")
 # model_type -> the class that serves it for embeddings; the encoders serve nothing else

@@ -19,6 +19,7 @@ from ..params import ValidationError
 
 
 def _heads(hf_config: Any) -> tuple[int, int]:
+    hf_config = getattr(hf_config, "text_config", None) or hf_config  # a vision-language model's decoder
     heads = hf_config.num_attention_heads
     return heads, getattr(hf_config, "num_key_value_heads", None) or heads
 

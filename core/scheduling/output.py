@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .encoder_budget import rows_started
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRequest:
@@ -21,6 +23,11 @@ class ScheduledRequest:
     # A pooling request (core/pooling): it samples nothing; the runner hands back the hidden
     # states of its tokens in this step, which the engine's pooler reduces into its embedding.
     pools: bool = False
+    # The LoRA adapter its tokens run with (core/lora; Request.lora_name); None: the base model
+    lora_name: str | None = None
+    # The images (core/multimodal ImageSpan) whose placeholder tokens this step computes some of:
+    # the runner writes their encoder output over those tokens' input embeddings.
+    images: tuple = ()
 
     @property
     def draft_token_ids(self) -> tuple[int, ...]:
@@ -68,10 +75,14 @@ class StepDraft:
     blocked: bool = False  # a running request got no room: admit nobody
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    encoder_rows: int = 0  # image embedding rows the step's chunks start encoding (encoder_budget.py)
 
     def add(self, scheduled: ScheduledRequest) -> None:
         self.scheduled[scheduled.request_id] = scheduled
         self.budget -= scheduled.num_new_tokens
+        if scheduled.images:
+            self.encoder_rows += rows_started(scheduled.images, scheduled.num_computed_tokens,
+                                              scheduled.num_new_tokens)
 
     def output(self) -> SchedulerOutput:
         # Decodes (one new token) first, then longer chunks; stable within each group.

@@ -6,6 +6,7 @@ import time
 from array import array
 from dataclasses import dataclass, field
 
+from ..multimodal.inputs import ImageData, ImageSpan, block_extra_key
 from ..params import SamplingParams
 from ..pooling.params import PoolingParams
 
@@ -107,6 +108,10 @@ class Request:
     pooling: PoolingParams | None = None
     # The LoRA adapter it runs with (core/lora), by the name it was loaded under; None: the base model
     lora_name: str | None = None
+    # Images (core/multimodal): as the gateway sent them, one per image placeholder token of the
+    # prompt; the engine expands each placeholder at add_request and records where it sits
+    images: tuple[ImageData, ...] = ()
+    image_spans: tuple[ImageSpan, ...] = ()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -115,6 +120,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def block_extra_key(self, start: int, stop: int) -> bytes:
+        """What the prefix-cache hash of positions [start, stop) mixes in: the images there."""
+        return block_extra_key(self.image_spans, start, stop)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -26,6 +26,8 @@ freed) in the step that computes its last token. With `chunk_prompts` off (encod
 tokens attend to the whole prompt) a prompt is admitted only when all of it fits the step.
 
 Backends that cannot mix prefill and decode get steps of one kind (prefill_policy.py).
+With LoRA adapters (core/lora), at most max_loras adapters are among the running requests, so a
+step never needs more adapter slots than there are (adapters.py says who waits).
 The engine calls `schedule()`, runs the model, samples, then `update()`, on one
 thread; aborts and stop strings go through `finish_request()` between steps.
 """
@@ -36,7 +38,10 @@ from collections import deque
 
 from ..config import EngineConfig, SchedulerConfig
 from ..kv import BlockPool, KVCacheManager
+from ..multimodal.inputs import spans_in
+from .encoder_budget import fit_images
 from ..params import ValidationError
+from .adapters import AdapterLimit
 from .prefill_policy import PrefillPolicy
 from .request import FinishReason, Request, RequestStatus, decide_finish
 from .output import ScheduledRequest, SchedulerOutput, StepDraft
@@ -45,7 +50,7 @@ from ..spec import Speculator
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 speculator: Speculator | None = None):
+                 speculator: Speculator | None = None, max_loras: int | None = None):
         if scheduler_config.max_num_batched_tokens < 1 or scheduler_config.max_num_seqs < 1:
             raise ValueError(f"the token budget and the batch size must be positive: {scheduler_config}")
         self.config = scheduler_config
@@ -58,13 +63,16 @@ class Scheduler:
         self.prefill_policy = None if scheduler_config.mixed_prefill_decode else PrefillPolicy(
             scheduler_config.waiting_served_ratio, scheduler_config.max_waiting_tokens)
         self._awaiting_update = False  # schedule() returned an output update() has not seen
+        # LoRA (core/lora): at most max_loras adapters among the running requests; None: LoRA off
+        self.adapter_limit = AdapterLimit(max_loras) if max_loras is not None else None
 
     @classmethod
     def for_engine(cls, config: EngineConfig, num_blocks: int, speculator: Speculator | None = None) -> Scheduler:
         """The configured policy; the engine has already narrowed `config` to what its backend
         can do (core/capabilities.py) and built the speculator (core/spec/build.py), if any."""
         return cls(config.scheduler, KVCacheManager(BlockPool(num_blocks), config.cache.block_size,
-                                                    config.cache.enable_prefix_caching), speculator)
+                                                    config.cache.enable_prefix_caching), speculator,
+                   config.lora.max_loras if config.lora.enabled else None)
 
     # ---- admission -------------------------------------------------------------
 
@@ -162,7 +170,8 @@ class Scheduler:
             request = self.running[index]
             if not _is_decode(request) and request.request_id not in draft.scheduled:
                 num_left = request.num_tokens - request.num_computed_tokens
-                num_new = self._make_room(request, index, min(num_left, draft.budget), draft)
+                num_new = self._make_room(request, index, self._fit_images(request, min(num_left, draft.budget), draft),
+                                          draft)
                 if num_new:
                     draft.add(self._scheduled_request(request, num_new))
                 else:
@@ -170,6 +179,14 @@ class Scheduler:
             index += 1
         if not draft.preempted_ids and not draft.blocked:
             self._schedule_waiting(draft)
+
+    def _fit_images(self, request: Request, num_tokens: int, draft: StepDraft, start: int | None = None) -> int:
+        """`num_tokens` from `start` (default: the computed count) cut to the step's encoder budget:
+        a chunk starts no image past it (encoder_budget.py)."""
+        if not request.image_spans:
+            return num_tokens
+        return fit_images(request.image_spans, request.num_computed_tokens if start is None else start, num_tokens,
+                          draft.encoder_rows, self.config.max_num_batched_tokens)
 
     def _make_room(self, request: Request, index: int, num_wanted: int, draft: StepDraft) -> int:
         """Allocate for up to `num_wanted` tokens, preempting later-admitted requests not
@@ -199,18 +216,23 @@ class Scheduler:
     def _schedule_waiting(self, draft: StepDraft) -> None:
         manager = self.kv_cache_manager
         while self.waiting and draft.budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            index = self._next_waiting()
+            if index is None:
+                break  # the head waits for an adapter slot and no base-model request is behind it
+            request = self.waiting[index]
             computed_blocks = manager.get_computed_blocks(request)
             if self.prefill_policy is not None and (len(computed_blocks) * manager.block_size
                                                     >= max(request.num_prompt_tokens, request.num_tokens - 1)):
                 computed_blocks.pop()  # it would be a decode, admitted in a prefill step: recompute a block
             num_cached = len(computed_blocks) * manager.block_size
-            num_new_tokens = min(request.num_tokens - num_cached, draft.budget)
-            if num_new_tokens < request.num_tokens - num_cached and not self.config.chunk_prompts:
-                break  # the whole prompt in one step, or wait for a step with room (FCFS)
+            num_new_tokens = self._fit_images(request, min(request.num_tokens - num_cached, draft.budget), draft,
+                                              num_cached)
+            if not num_new_tokens or (num_new_tokens < request.num_tokens - num_cached
+                                      and not self.config.chunk_prompts):
+                break  # the whole prompt (or its next image) in one step, or wait for a step with room (FCFS)
             if not manager.allocate_slots(request, num_new_tokens, computed_blocks):
                 break  # FCFS: nobody overtakes the head of the queue
-            self.waiting.popleft()
+            del self.waiting[index]
             request.num_computed_tokens = num_cached
             if manager.looks_up(request):
                 draft.num_prefix_queried_tokens += request.num_tokens
@@ -221,6 +243,13 @@ class Scheduler:
                 request.num_cached_tokens = num_cached
             self.running.append(request)
             draft.add(self._scheduled_request(request, num_new_tokens))
+
+    def _next_waiting(self) -> int | None:
+        """The waiting request admitted next: the head (FCFS), unless LoRA's adapter limit holds
+        it back (core/scheduling/adapters.py)."""
+        if self.adapter_limit is None:
+            return 0
+        return self.adapter_limit.next_admissible(self.waiting, self.running)
 
     def _scheduled_request(self, request: Request, num_new_tokens: int, proposed: list[int] = ()
                            ) -> ScheduledRequest:
@@ -235,9 +264,11 @@ class Scheduler:
             block_ids=tuple(request.block_ids),
             samples=stop == request.num_tokens and request.pooling is None,
             pools=request.pooling is not None,
+            lora_name=request.lora_name,
             computes_prompt_logprobs=(request.sampling_params.prompt_logprobs is not None
                                       and not request.output_token_ids
                                       and start < request.num_prompt_tokens - 1),
+            images=spans_in(request.image_spans, start, stop) if request.image_spans else (),
         )
 
     def _preempt_at(self, index: int, draft: StepDraft) -> None:

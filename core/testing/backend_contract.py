@@ -14,8 +14,11 @@ kernel against the plain-torch reference on ragged batches (decodes first, then 
 chunks with cached prefixes; GQA; two declared block sizes; each tested dtype), write_kv
 touching exactly the slots of slot_mapping, each declared quantized KV cache (--kv-cache-dtype)
 allocated as the contract lays it out and round-tripping through write_kv and attention, a
-graph_safe kernel not reading the metadata's host tuples, greedy engine output (prepare_model, profile_run, make_runner and all) equal
-to the reference backend's, with speculative verify steps too where declared, KV sizing, and the sharding hooks when unsharded.
+graph_safe kernel not reading the metadata's host tuples, the LoRA kernel where declared
+(against the plain-torch one on mixed adapter slots, and a token's output the same alone as in its
+batch), greedy engine output (prepare_model, profile_run, make_runner and all) equal
+to the reference backend's, with speculative verify steps too where declared, and with images where
+vision encoders are declared, KV sizing, and the sharding hooks when unsharded.
 Class attributes narrow or widen what runs (dtypes, block sizes, groups, tolerances).
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from ..backend import KV_CACHE_FORMATS, AttentionSpec, Backend, Capabilities, ProbeResult
+from ..backend import KV_CACHE_FORMATS, AttentionSpec, Backend, Capabilities, LoraKernel, ProbeResult
 from ..capabilities import DTYPE_NAMES
 from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..engine.core import EngineCore
@@ -39,8 +42,13 @@ from ..params import SamplingParams
 from ..scheduling.request import Request
 from ..execution.runner import ModelRunner
 from .batches import AttentionStep, random_step, ragged_lens
+from .lora_batches import random_lora_step
 from .reference_backend import ReferenceBackend
 
+# LoRA deltas (lora_batches.py: values about 1): float32 sums in another order, then bf16/fp16 roundings of
+# h and of the delta
+LORA_TOLERANCES = {"float32": dict(atol=1e-5, rtol=1e-5), "bfloat16": dict(atol=3e-2, rtol=3e-2),
+                   "float16": dict(atol=4e-3, rtol=4e-3)}
 TOLERANCES = {"float32": dict(atol=2e-5, rtol=1e-4), "bfloat16": dict(atol=3e-2, rtol=3e-2),
               "float16": dict(atol=4e-3, rtol=4e-3)}
 PROMPTS = ([5, 9, 13, 17, 21, 25, 29], [7, 3], list(range(40, 80)), [11, 12, 13])
@@ -211,6 +219,63 @@ class BackendContract:
         kernel.write_kv(step.key, step.value, cache, meta)
         return kernel.forward(step.query, cache, meta).cpu()
 
+    # -- the LoRA kernel ---------------------------------------------------------------------
+    def test_lora_is_declared_exactly_when_there_is_a_lora_kernel(self, backend):
+        declared, kernel = backend.capabilities().lora, backend.lora_kernel()
+        assert declared == (kernel is not None), (
+            f"Capabilities.lora is {declared} but lora_kernel() returns {type(kernel).__name__}")
+        assert kernel is None or isinstance(kernel, LoraKernel), type(kernel)
+
+    def declared_lora_kernel(self, backend: Backend) -> LoraKernel:
+        if not backend.capabilities().lora or backend.lora_kernel() is None:
+            pytest.skip("the backend declares no LoRA kernel (Capabilities.lora)")
+        return backend.lora_kernel()
+
+    def lora_steps(self, backend: Backend):
+        """(case name, LoraStep): per tested dtype, a random step (mixed slots, -1 among them;
+        ranks 1..16 padded to 16; y a column slice), one with a rank of 24 (not a multiple of 16),
+        one with no adapter, one with no token."""
+        for dtype in self.dtypes(backend):
+            torch_type = torch_dtype(dtype)
+            yield f"dtype={dtype}", random_lora_step(11, torch_type, backend.device)
+            yield f"dtype={dtype} rank=24", random_lora_step(12, torch_type, backend.device, tokens=9, rank=24,
+                                                             in_features=40, out_features=19)
+            yield f"dtype={dtype} no adapter", random_lora_step(13, torch_type, backend.device, runs=[(5, -1)])
+            yield f"dtype={dtype} no token", random_lora_step(14, torch_type, backend.device, runs=[])
+
+    def test_lora_kernel_matches_the_reference(self, backend):
+        """shrink then expand of the declared kernel against TorchLoraKernel: h of every token with
+        an adapter; y of every token within the dtype's tolerance, the base model's tokens and the
+        columns beside the slice untouched."""
+        kernel = self.declared_lora_kernel(backend)
+        for case, step in self.lora_steps(backend):
+            expected_h, expected = step.reference()
+            h, got = step.run(kernel)
+            assert h.shape == expected_h.shape and h.dtype == expected_h.dtype, f"{case}: h {h.shape} {h.dtype}"
+            assert got.shape == expected.shape and got.dtype == expected.dtype, case
+            tolerance = LORA_TOLERANCES[str(step.x.dtype).removeprefix("torch.")]
+            adapted = step.batch.token_slots.cpu() >= 0
+            torch.testing.assert_close(h[adapted], expected_h[adapted], **tolerance,
+                                       msg=lambda m, case=case: f"{case}: shrink: {m}")
+            torch.testing.assert_close(got, expected, **tolerance, msg=lambda m, case=case: f"{case}: expand: {m}")
+            before = step.wide.cpu()
+            assert torch.equal(got[~adapted], before[~adapted]), f"{case}: expand changed tokens of slot -1"
+            inside = slice(step.margin, step.margin + step.out_features)
+            outside = torch.ones(before.shape[1], dtype=torch.bool)
+            outside[inside] = False
+            assert torch.equal(got[:, outside], before[:, outside]), f"{case}: expand wrote outside y's columns"
+
+    def test_lora_kernel_gives_a_token_the_same_output_alone_as_in_the_batch(self, backend):
+        """Batch invariance, bit for bit: each token's h and y are those of a step of that token alone."""
+        kernel = self.declared_lora_kernel(backend)
+        for case, step in self.lora_steps(backend):
+            h, got = step.run(kernel)
+            for t in range(step.x.shape[0]):
+                alone_h, alone = step.token(t).run(kernel)
+                if int(step.batch.token_slots[t]) >= 0:
+                    assert torch.equal(alone_h[0], h[t]), f"{case}: token {t}'s h depends on the batch"
+                assert torch.equal(alone[0], got[t]), f"{case}: token {t}'s output depends on the batch"
+
     # -- the whole engine ------------------------------------------------------------------
     def test_engine_greedy_output_equals_the_reference_backend(self, backend):
         """prepare_model, profile_run, num_kv_blocks, make_runner and the kernel, end to end."""
@@ -243,6 +308,26 @@ class BackendContract:
         assert _generate(engine, self.generated_tokens) == expected
         assert speculator.stats.num_verify_steps > 0
         assert 0 < speculator.stats.num_accepted < speculator.stats.num_proposed
+
+    def test_declared_vision_encoders_answer_images_as_the_reference_backend(self, backend):
+        """A backend that declares vision encoders (Capabilities.vision_encoders) serves a tiny
+        random-weight vision-language model (tiny_vlm.py): the greedy tokens of two image prompts,
+        their images' placeholders cut across steps, equal the reference backend's."""
+        caps = backend.capabilities()
+        if not caps.vision_encoders:
+            pytest.skip("the backend declares no vision encoders (a request with images is refused)")
+        if "float32" not in caps.dtypes:
+            pytest.skip("greedy tokens are compared in float32, which this backend does not declare")
+        import tempfile
+
+        from .tiny_vlm import tiny_idefics3
+
+        block_size = self.block_sizes(backend)[0]
+        with tempfile.TemporaryDirectory() as path:
+            _, processor = tiny_idefics3(path)
+            config = _vlm_config(path, block_size)
+            expected = _image_answers(EngineCore(config, backend=ReferenceBackend(block_size)), processor)
+            assert _image_answers(EngineCore(config, backend=backend), processor) == expected
 
     def test_num_kv_blocks_is_at_least_two(self, backend):
         assert backend.num_kv_blocks(4096, CacheConfig()) >= 2
@@ -293,6 +378,35 @@ def _engine_config(block_size: int) -> EngineConfig:
 @functools.cache
 def _reference_tokens(block_size: int, max_tokens: int) -> dict[str, list[int]]:
     return _generate(EngineCore(_engine_config(block_size), backend=ReferenceBackend(block_size)), max_tokens)
+
+
+def _vlm_config(path: str, block_size: int) -> EngineConfig:
+    return EngineConfig(model=ModelConfig(model=path),
+                        cache=CacheConfig(block_size=block_size, num_blocks=512 // block_size),
+                        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=24))
+
+
+def _image_answers(engine: EngineCore, processor) -> dict[str, list[int]]:
+    """Greedy tokens of two prompts with images (tiny_vlm.py's model), in one batch."""
+    from .tiny_vlm import png_bytes
+    from ..multimodal.inputs import ImageData
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    images = [ImageData.of(png_bytes(w, h, seed), w, h, "PNG") for w, h, seed in ((64, 48, 1), (20, 30, 2))]
+    prompts = {"one": [{"type": "image"}, {"type": "text", "text": "what is it?"}],
+               "two": [{"type": "text", "text": "compare"}, {"type": "image"}, {"type": "image"}]}
+    out = {key: [] for key in prompts}
+    try:
+        for key, content in prompts.items():
+            text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+            ids = processor.tokenizer.encode(text, add_special_tokens=False)
+            engine.add_request(Request(key, ids, params, images=tuple(images[:1] if key == "one" else images)))
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                out[output.request_id].extend(output.new_token_ids)
+    finally:
+        engine.shutdown()
+    return out
 
 
 def _generate(engine: EngineCore, max_tokens: int) -> dict[str, list[int]]:

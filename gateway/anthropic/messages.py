@@ -23,6 +23,7 @@ from ..openai.params import EnginePlan, chat_plan
 from ..openai.reasoning import reasoned_message
 from ..openai.tools import tool_plan
 from ..pipeline import Pipeline, off_loop
+from ..reasoning.plan import served_format
 from ..structured import compiled
 from ..tool_parsers import served_tool_format
 from .output import MessageFrame, content_blocks, matched_stop_sequence, stop_reason, usage
@@ -50,11 +51,13 @@ async def submit_message(service, req: MessagesRequest) -> SubmittedMessage:
     try:
         model = resolve_model(chat.model, service)
         plan = replace(chat_plan(chat, service.settings, len(service.tokenizer), served_tool_format(service)), default_max_tokens=req.max_tokens)
+        if served_format(service) is None:  # clients send a budget with thinking on to any model: one
+            plan = replace(plan, thinking_budget=None)  # that does not reason ignores both
         plan, prompt_ids = await prepared_prompt(service, chat, plan)
         params, = plan.sequence_params(service, len(prompt_ids), "messages")
         if plan.params.grammar is not None:
             await compiled(service.client, plan.params.grammar, plan.grammar_param)
-        streams = await service.submit_all([(prompt_ids, params)])
+        streams = await service.submit_all([(prompt_ids, params)], images=plan.images)
     except GatewayError as exc:
         raise anthropic_error(exc) from exc
     return SubmittedMessage(model, plan, prompt_ids, streams, params.max_tokens < req.max_tokens)

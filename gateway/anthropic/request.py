@@ -19,15 +19,19 @@ Decisions made here, once:
 - `thinking` reaches the chat template as `enable_thinking` (true for `enabled` and
   `adaptive`, false for `disabled`: what Qwen3-style templates read) and `output_config.effort`
   as `reasoning_effort` (what gpt-oss's reads); a template that reads neither ignores them.
-  `budget_tokens` is not enforced. A reasoning model's thinking comes back as `thinking`
+  `budget_tokens` (with `enabled`) is the thinking budget: once spent, the end of thinking is
+  forced (core/grammar/gate.py; a model that does not reason ignores it, as it ignores
+  `thinking`). A reasoning model's thinking comes back as `thinking`
   blocks (gateway/reasoning; output.py, stream.py); earlier `thinking` blocks in the
   assistant's turns reach the template as that turn's thinking (`reasoning_content`, which
   the template shows or drops), `redacted_thinking` ones are dropped; so is a top-level
   `cache_control` (the prefix cache needs no marks);
 - `temperature`, `top_p` and `top_k` are read when sent (the SDK no longer has them as
   arguments: `extra_body`), as llama.cpp and vLLM read them;
-- images, documents, server tools, a final assistant message (prefill), MCP servers
-  and containers are refused with a 400 naming them.
+- `image` blocks in user turns (base64 and url sources) become chat image parts
+  (gateway/openai/images.py), read as the chat route reads them; an image elsewhere, documents,
+  server tools, a final assistant message (prefill), MCP servers and containers are refused with a
+  400 naming them.
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from ..errors import GatewayError, invalid, renamed_error
+from ..errors import DIALECT_PARAM, GatewayError, invalid, renamed_error
+from ..openai.images import IMAGE_PART, ORIGIN
 from ..openai.schemas import ChatCompletionRequest
 
 _ROLES = ("user", "assistant")
@@ -98,6 +103,12 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     template_kwargs = _template_kwargs(req)
     if template_kwargs:
         body["chat_template_kwargs"] = template_kwargs
+    budget = (req.thinking or {}).get("budget_tokens")
+    if isinstance(req, MessagesRequest) and budget is not None and (req.thinking or {}).get("type") == "enabled":
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise invalid(f"thinking.budget_tokens must be a non-negative integer, got {budget!r}",
+                          "thinking.budget_tokens")
+        body["thinking_token_budget"] = budget
     try:
         return ChatCompletionRequest.model_validate(body)
     except PydanticValidationError as exc:  # a shape the checks below let through
@@ -174,6 +185,8 @@ def _message(message: dict, where: str) -> list[dict]:
         kind = _kind(block)
         if kind == "text":
             texts.append(_string(block, "text", at, empty=True))
+        elif kind == "image" and role == "user":
+            texts.append(_image_part(block, at))
         elif kind in _NOT_TEXT:
             raise invalid(f"{kind} blocks are not supported: this model reads text only, not images or "
                           "documents", f"{at}.type")
@@ -181,7 +194,7 @@ def _message(message: dict, where: str) -> list[dict]:
             calls.append(_tool_call(block, at))
         elif kind == "tool_result" and role == "user":
             if texts:  # text before a result stays before it
-                out.append({"role": "user", "content": "".join(texts)})
+                out.append({"role": "user", "content": _user_content(texts)})
                 texts = []
             out.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at),
                         "content": _tool_result_text(block, at)})
@@ -199,8 +212,38 @@ def _message(message: dict, where: str) -> list[dict]:
             turn["reasoning_content"] = "\n".join(t for t in thinking if t)
         return [turn]
     if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+        out.append({"role": "user", "content": _user_content(texts)})
     return out
+
+
+def _image_part(block: dict, where: str) -> dict:
+    """An `image` block as the chat image part it asks for (gateway/openai/images.py), which
+    remembers the block's place for errors. Sources: base64 (with its media_type) and url."""
+    source = block.get("source")
+    kind = _kind(source)
+    if kind == "base64":
+        media_type = _string(source, "media_type", f"{where}.source")
+        url = f"data:{media_type};base64,{_string(source, 'data', f'{where}.source')}"
+    elif kind == "url":
+        url = _string(source, "url", f"{where}.source")
+    else:
+        raise invalid(f"image sources of type {kind!r} are not supported (base64 and url are)", f"{where}.source.type")
+    return {"type": IMAGE_PART, IMAGE_PART: {"url": url}, ORIGIN: DIALECT_PARAM + where}
+
+
+def _user_content(pieces: list) -> str | list[dict]:
+    """A user turn's text, or its parts where it holds images (text runs joined, as text blocks are)."""
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(pieces)
+    parts: list[dict] = []
+    for piece in pieces:
+        if not isinstance(piece, str):
+            parts.append(piece)
+        elif parts and parts[-1]["type"] == "text":
+            parts[-1]["text"] += piece
+        else:
+            parts.append({"type": "text", "text": piece})
+    return parts
 
 
 def _tool_call(block: dict, where: str) -> dict:
@@ -296,10 +339,11 @@ _PARAMS = (
     (re.compile(r"^tools\.(\d+)\.function(?=\.|$)"), r"tools.\1"),
     (re.compile(r"^stop$"), "stop_sequences"),
     (re.compile(r"^max_completion_tokens$"), "max_tokens"),
+    (re.compile(r"^thinking_token_budget$"), "thinking.budget_tokens"),
     (re.compile(r"^response_format(?=\.|$)"), "output_config.format"),
     (re.compile(r"^messages\.\d+.*$"), "messages"),  # chat's message indices are not the request's
 )
-_WORDS = (("max_completion_tokens", "max_tokens"), ("stop supports", "stop_sequences supports"),
+_WORDS = (("max_completion_tokens", "max_tokens"), ("thinking_token_budget", "thinking.budget_tokens"), ("stop supports", "stop_sequences supports"),
           ("response_format", "output_config.format"), ("tool_choice 'required'", "tool_choice 'any'"),
           ("tool_choice 'named'", "tool_choice 'tool'"))
 

@@ -6,7 +6,7 @@ a grammar (response_format, tools) is compiled before anything is submitted, so 
 the engine cannot honour is a 400 naming its field."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 
@@ -14,6 +14,7 @@ from switchyard.core.engine.client import RequestStream
 from switchyard.core.scheduling.request import RequestOutput
 
 from ..errors import SafeJSONResponse
+from ..media import load_images
 from ..models_registry import service_for
 from ..pipeline import Pipeline, off_loop
 from ..reasoning import plan_reasoning
@@ -23,7 +24,8 @@ from ..tool_parsers import served_tool_format
 from .common import (CachedTokens, ChunkBuilder, OpenAIChunkEvents, ResponseMeta, openai_finish_reason,
                      resolve_model, usage)
 from .logprobs import chat_logprob_entries
-from .messages import chat_prompt
+from .images import image_refs
+from .messages import chat_prompt, takes_images
 from .params import EnginePlan, chat_plan
 from .reasoning import ReasonedDeltas, reasoned_message
 from .schemas import ChatCompletionRequest
@@ -48,14 +50,17 @@ async def submit_chat(service, req: ChatCompletionRequest) -> SubmittedChat:
     params = plan.sequence_params(service, len(prompt_ids), "messages")
     if plan.params.grammar is not None:
         await compiled(service.client, plan.params.grammar, plan.grammar_param)
-    streams = await service.submit_all([(prompt_ids, p) for p in params])
+    streams = await service.submit_all([(prompt_ids, p) for p in params], images=plan.images)
     return SubmittedChat(model, plan, prompt_ids, streams)
 
 
 async def prepared_prompt(service, req: ChatCompletionRequest, plan: EnginePlan) -> tuple[EnginePlan, list[int]]:
     """The prompt rendered and tokenized off the event loop, and the plan for its output
     (a reasoning model's: gateway/reasoning)."""
+    refs = image_refs(req.messages) if takes_images(service) else []
+    images = await load_images(refs, service.settings.media) if refs else ()
     prompt_text, prompt_ids = await off_loop(chat_prompt, service, req, plan.tools)
+    plan = replace(plan, images=images)
     return plan.reasoned(plan_reasoning(service, prompt_text, plan.params, req.skip_special_tokens)), prompt_ids
 
 
@@ -75,7 +80,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     choices = [_choice(i, c, strings, chat.plan) for i, c in enumerate(completions)]
     extra = {"service_tier": "default"} if req.service_tier is not None else {}
     body = meta.body([choice for choice, _ in choices],
-                     usage=usage(len(chat.prompt_ids), sum(len(c.token_ids) for c in completions),
+                     usage=usage(completions[0].num_prompt_tokens, sum(len(c.token_ids) for c in completions),
                                  completions[0].num_cached_tokens, sum(n for _, n in choices)), **extra)
     return SafeJSONResponse(body, headers={"x-request-id": meta.id})
 
@@ -114,6 +119,7 @@ class ChatChunks(ChunkBuilder):
 
     def on_output(self, index: int, out: RequestOutput) -> list[dict]:
         self._num_output_tokens[index] = out.num_output_tokens
+        self._num_prompt_tokens = out.num_prompt_tokens  # the engine's count: images expanded
         self._cached.record(index, out.num_cached_tokens)
         chunks = []
         choice = self._choices.get(index)

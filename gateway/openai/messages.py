@@ -10,6 +10,7 @@ from ..errors import invalid
 from ..reasoning import served_format
 from ..reasoning.history import separated
 from ..tool_parsers import served_tool_format
+from .images import ORIGIN, as_parts, has_images, template_parts
 from .schemas import ChatCompletionRequest, ChatMessage, ContentPart
 from .tool_prompt import ToolRendering
 from .tools import ToolPlan
@@ -20,20 +21,23 @@ _RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tools", "documents", "
                              "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs"}
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict]:
+def template_messages(messages: list[ChatMessage], vision: bool = False) -> list[dict]:
     """Messages as chat templates expect them: string content, `developer` as `system`,
-    the deprecated `function` role as `tool`, tool calls with parsed arguments."""
+    the deprecated `function` role as `tool`, tool calls with parsed arguments. `vision`: the
+    model reads images, and a message with image parts keeps them as parts (images.py)."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
-    return [_template_message(i, m) for i, m in enumerate(messages)]
+    return [_template_message(i, m, vision) for i, m in enumerate(messages)]
 
 
-def _template_message(index: int, message: ChatMessage) -> dict:
+def _template_message(index: int, message: ChatMessage, vision: bool = False) -> dict:
     param = f"messages.{index}"
     if message.audio is not None or message.function_call is not None:
         raise invalid("audio and function_call in messages are not supported", param)
     role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
-    out: dict = {"role": role, "content": _content_text(message.content, param)}
+    content = template_parts(message.content, lambda p: _content_text([p], param)) \
+        if vision and has_images(message.content) else _content_text(message.content, param)
+    out: dict = {"role": role, "content": content}
     if message.refusal and not out["content"]:
         out["content"] = message.refusal
     reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
@@ -57,10 +61,17 @@ def _content_text(content: str | list[ContentPart] | None, param: str) -> str:
     pieces = []
     for part in content:
         if part.type not in _TEXT_PARTS:
-            raise invalid(f"content parts of type {part.type!r} are not supported: this model reads text only",
-                          f"{param}.content")
+            origin = (part.model_extra or {}).get(ORIGIN)  # a Responses or Anthropic part: its own place
+            raise invalid(f"content parts of type {part.type!r} are not supported: this model reads text only "
+                          "(no images)", origin or f"{param}.content")
         pieces.append(part.text if part.type != "refusal" else part.refusal or "")
     return "".join(p or "" for p in pieces)
+
+
+def takes_images(service) -> bool:
+    """Whether the served model reads images (the engine says so, EngineInfo.image_token)."""
+    info = service.client.info
+    return info is not None and info.image_token is not None
 
 
 def _arguments(arguments: str | dict, param: str) -> dict:
@@ -97,7 +108,11 @@ def chat_prompt_text(service, req: ChatCompletionRequest, tools: ToolPlan | None
     _reasoning_effort(req.reasoning_effort, reasoning is not None, kwargs)
     rendering = ToolRendering.for_template(getattr(service.tokenizer, "chat_template", None),
                                            served_tool_format(service))
-    messages = rendering.messages(separated(reasoning, template_messages(req.messages)), tools, req.tool_prompt)
+    vision = takes_images(service)
+    messages = rendering.messages(separated(reasoning, template_messages(req.messages, vision)), tools,
+                                  req.tool_prompt)
+    if vision:
+        messages = as_parts(messages)
     if tools is not None and rendering.template_renders_tools:
         kwargs["tools"] = tools.definitions()
     return service.render_chat(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)

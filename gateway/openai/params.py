@@ -38,13 +38,18 @@ class EnginePlan:
     grammar_param: str | None = None  # the field that asked for params.grammar: compile errors name it
     tools: ToolPlan | None = None  # chat: tools the output may call
     reasoning: ReasoningPlan | None = None  # chat: a reasoning model's thinking, split from its answer
+    images: tuple = ()  # chat: the conversation's images (core/multimodal ImageData), loaded (gateway/media)
+    thinking_budget: int | None = None  # chat: thinking tokens before the end marker is forced (None: no limit)
 
     def reasoned(self, reasoning: ReasoningPlan | None) -> EnginePlan:
         """This plan for a reasoning model's output (gateway/reasoning): its grammar gated
         to the answer, its thinking split out."""
         if reasoning is None:
+            if self.thinking_budget is not None:
+                raise invalid("thinking_token_budget is not supported: this model does not reason (no reasoning "
+                              "parser: see --reasoning-parser)", "thinking_token_budget")
             return self
-        return replace(self, params=reasoning.engine_params(self.params), reasoning=reasoning)
+        return replace(self, params=reasoning.engine_params(self.params, self.thinking_budget), reasoning=reasoning)
 
     def sequence_params(self, service, num_prompt_tokens: int, param: str) -> list[SamplingParams]:
         """The params of each sequence for a prompt of this length (lengths checked;
@@ -84,7 +89,8 @@ def chat_plan(req: ChatCompletionRequest, settings: ServerSettings, vocab_size: 
     if tools is not None and tools.keeps_special_tokens:  # the format's markers must reach its parser
         params = replace(params, skip_special_tokens=False)
     n = req.n or 1
-    return EnginePlan(params, max_tokens, None, n, n, grammar_param=grammar_param, tools=tools)
+    budget = None if req.thinking_token_budget in (None, -1) else req.thinking_token_budget
+    return EnginePlan(params, max_tokens, None, n, n, grammar_param=grammar_param, tools=tools, thinking_budget=budget)
 
 
 def _reject_unsupported_chat(req: ChatCompletionRequest) -> None:

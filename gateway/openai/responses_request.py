@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from ..errors import GatewayError, invalid, renamed_error
+from ..errors import DIALECT_PARAM, GatewayError, invalid, renamed_error
+from .images import IMAGE_PART, ORIGIN
 from .schemas import ChatCompletionRequest
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -168,23 +169,35 @@ def _string(item: dict, key: str, where: str) -> str:
     return value
 
 
-def _text(content, where: str) -> str:
+def _text(content, where: str) -> str | list[dict]:
     """A message's content (or a tool's output) as text: a string or text parts."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise invalid("content must be a string or a list of parts", f"{where}.content")
     pieces = []
-    for part in content:
+    for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS:
             pieces.append(part.get("text") or "")
         elif kind == "refusal":
             pieces.append(part.get("refusal") or "")
+        elif kind == "input_image":
+            pieces.append(_image_part(part, f"{where}.content.{k}"))
         else:
             raise invalid(f"content parts of type {kind!r} are not supported: this model reads text only",
                           f"{where}.content")
-    return "".join(pieces)
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(pieces)
+    return [{"type": "text", "text": p} if isinstance(p, str) else p for p in pieces]
+
+
+def _image_part(part: dict, where: str) -> dict:
+    """An `input_image` part as the chat image part it asks for (images.py); by URL only."""
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise invalid("input_image needs image_url (an http(s) or data URL); file_id is not supported", where)
+    return {"type": IMAGE_PART, IMAGE_PART: {"url": url, "detail": part.get("detail")}, ORIGIN: DIALECT_PARAM + where}
 
 
 def _chat_tool(index: int, tool: dict) -> dict:

@@ -18,7 +18,9 @@ class _Lenient(BaseModel):
 
 
 class ContentPart(BaseModel):
-    """One part of a message's content: text (or refusal) is used; other kinds are rejected."""
+    """One part of a message's content: text (or refusal) is used; `image_url` parts are read for a
+    model that takes images (images.py: the part's `image_url` is one of its extra fields); other
+    kinds are rejected."""
 
     model_config = ConfigDict(extra="allow")
     type: str
@@ -128,6 +130,9 @@ class ChatCompletionRequest(SamplingFields):
     prediction: dict | None = None  # a latency hint: the output is the same without it
     # reaches the chat template of a reasoning model (messages.py); refused for any other model
     reasoning_effort: str | None = None
+    # vLLM's: at most this many thinking tokens before the end-of-thinking marker is forced (-1: no
+    # limit); refused for a model that does not reason (gateway/reasoning/plan.py)
+    thinking_token_budget: int | None = Field(None, ge=-1)
     # cannot be honoured by a text-only local model
     verbosity: str | None = None
     modalities: list[str] | None = None

@@ -2,7 +2,8 @@
 `ReasoningPlan` (or None: the model does not reason, or --reasoning-parser none), which
 
 - changes what the engine is asked (`engine_params`): a grammar gets the format's gate, so it
-  constrains the answer only (core/grammar/gate.py); and where a marker is a special token
+  constrains the answer only (core/grammar/gate.py), and a thinking budget becomes that gate's
+  budget (over a grammar of any text when the answer has none); and where a marker is a special token
   (Magistral's [THINK], harmony's), special tokens are kept in the text so the markers can be
   read, and the end-of-sequence tokens' text is dropped again from what is shown;
 - splits each sequence's output into reasoning and answer: `ReasoningStream` per streamed
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from switchyard.core.grammar.gate import GrammarGate
+from switchyard.core.grammar.spec import GrammarSpec
 from switchyard.core.params import SamplingParams
 
 from .formats import ReasoningFormat, Start
@@ -31,9 +33,14 @@ class ReasoningPlan:
     keep_special_tokens: bool  # a marker is a special token: keep them in the text
     drops: tuple[str, ...] = ()  # text removed from the output (end-of-sequence tokens kept for the markers)
 
-    def engine_params(self, params: SamplingParams) -> SamplingParams:
+    def engine_params(self, params: SamplingParams, budget: int | None = None) -> SamplingParams:
+        """`params` for this output; `budget`: a thinking budget, enforced by the gate (over any
+        text where no grammar constrains the answer)."""
         changes: dict = {}
-        if params.grammar is not None and self.gate is not None:
+        if self.gate is not None and budget is not None:
+            grammar = params.grammar if params.grammar is not None else GrammarSpec.any_text()
+            changes["grammar"] = grammar.gated(replace(self.gate, budget=budget))
+        elif params.grammar is not None and self.gate is not None:
             changes["grammar"] = params.grammar.gated(self.gate)
         if self.keep_special_tokens and params.skip_special_tokens:
             changes["skip_special_tokens"] = False

@@ -34,6 +34,7 @@ from .outputs import Sequence, generate_response, stream_event, timing_headers, 
 from .schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 from .embed import router as embed_router
 from .tokenize import router as tokenize_router
+from .images import markdown_images
 from .validation import GenerationPlan, plan_generation
 
 router = APIRouter()
@@ -57,10 +58,11 @@ async def _submit(service: GenerationService, inputs: str, parameters: GenerateP
     pre-check (a grammar the engine cannot compile is a 422, not a failed stream), submit; with
     `adapter_id`, through the adapter's view of the service (gateway/lora)."""
     service = service.with_adapter(parameters.adapter_id)
+    inputs, images = await markdown_images(service, inputs)  # a vision model's ![](url) images
     plan = await off_loop(plan_generation, service, inputs, parameters, stream=stream)
     if plan.params[0].grammar is not None:
         await compiled(service.client, plan.params[0].grammar, "grammar")
-    return plan, await service.submit_all([(plan.prompt_ids, params) for params in plan.params])
+    return plan, await service.submit_all([(plan.prompt_ids, params) for params in plan.params], images=images)
 
 
 # -- /generate and / (not streamed) ---------------------------------------------------

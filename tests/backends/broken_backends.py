@@ -12,6 +12,7 @@ from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu.runner import CpuModelRunner
 from switchyard.core.backend import KV_SCALE_BYTES, ProbeResult
 from switchyard.core.kv.quantized import is_quantized
+from switchyard.core.lora.kernel import TorchLoraKernel
 from switchyard.core.ops.attention import ReferenceAttentionKernel
 
 
@@ -51,6 +52,35 @@ class KernelBackend(CpuBackend):
 
     def attention(self, spec):
         return self._kernel(spec)
+
+
+class UnscaledLoraKernel(TorchLoraKernel):
+    """Forgets the adapters' scales (alpha / rank): every delta at scale 1."""
+
+    def expand(self, y, h, b, scales, batch) -> None:
+        super().expand(y, h, b, torch.ones_like(scales), batch)
+
+
+class BatchDependentLoraKernel(TorchLoraKernel):
+    """Sums `in` in two halves when the step has more than one token: the same values within
+    float rounding, but a token's bits depend on what shares its step."""
+
+    def shrink(self, x, a, batch):
+        if x.shape[0] <= 1:
+            return super().shrink(x, a, batch)
+        half = x.shape[1] // 2
+        return super().shrink(x[:, :half], a[:, :, :half], batch) + super().shrink(x[:, half:], a[:, :, half:], batch)
+
+
+class LoraKernelBackend(CpuBackend):
+    """The CPU backend over the given LoRA kernel (its own C++ one keeps the contract)."""
+
+    def __init__(self, kernel) -> None:
+        super().__init__(pack_weights=False)
+        self._lora_override = kernel
+
+    def lora_kernel(self):
+        return self._lora_override
 
 
 # -- one hook or declaration broken each ------------------------------------------------------------
@@ -111,6 +141,20 @@ class VerifyOnLastRow(KernelBackend):
         return LastRowLogitsRunner(loaded.model, self, kv_caches, config.cache.block_size)
 
 
+class ImageBlindRunner(CpuModelRunner):
+    """Runs a step with image tokens as a text step: the image placeholders' own embeddings."""
+
+    def forward_images(self, scheduler_output, step):
+        return self.forward(step)
+
+
+class ImageBlind(KernelBackend):
+    """Declares vision encoders (as the CPU does), but its runner never writes the images in."""
+
+    def make_runner(self, loaded, kv_caches, config):
+        return ImageBlindRunner(loaded.model, self, kv_caches, config.cache.block_size)
+
+
 class OneKvBlock(KernelBackend):
     """Sizes its KV cache with no floor: one block, where block 0 is reserved."""
 
@@ -136,6 +180,13 @@ class AlwaysCommunicator(KernelBackend):
 
     def communicator(self):
         return LocalCommunicator()
+
+
+class LoraWithoutKernel(KernelBackend):
+    """Declares LoRA (Capabilities.lora) but has no kernel for it."""
+
+    def lora_kernel(self):
+        return None
 
 
 class NoLauncher(KernelBackend):

@@ -289,3 +289,35 @@ def test_no_reasoning_parser_leaves_the_output_as_it_is(template):
         assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
         refused = http.post("/v1/chat/completions", json={"messages": ASK, "reasoning_effort": "high"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning_effort"
+
+
+def test_a_thinking_budget_reaches_the_engine_as_the_gates_budget():
+    engine, app = _serve(QWEN3, QWEN3_SCRIPT, added=THINK_TAGS)
+    think, end = (engine.tokenizer.encode(t, add_special_tokens=False) for t in THINK_TAGS)
+    with app as http:
+        _chat(http, thinking_token_budget=5)
+        grammar = engine.requests[-1].sampling_params.grammar  # any text after the budgeted thinking
+        assert grammar.kind == "regex" and grammar.gate == GrammarGate(tuple(end), tuple(think), budget=5)
+        _chat(http, thinking_token_budget=5, response_format=SCHEMA)
+        grammar = engine.requests[-1].sampling_params.grammar
+        assert grammar.kind == "json_schema" and grammar.gate.budget == 5
+        _chat(http, thinking_token_budget=-1)
+        assert engine.requests[-1].sampling_params.grammar is None  # no limit
+        assert http.post("/v1/chat/completions", json={"messages": ASK, "thinking_token_budget": -2}).status_code == 400
+
+        client = anthropic.Anthropic(base_url="http://testserver", api_key="unused", http_client=http, max_retries=0)
+        client.messages.create(model="reasoner", messages=ASK, max_tokens=64,
+                               thinking={"type": "enabled", "budget_tokens": 7})
+        assert engine.requests[-1].sampling_params.grammar.gate.budget == 7
+        with pytest.raises(anthropic.BadRequestError, match="thinking.budget_tokens"):
+            client.messages.create(model="reasoner", messages=ASK, max_tokens=8,
+                                   thinking={"type": "enabled", "budget_tokens": -3})
+
+    engine, app = _serve(QWEN3, QWEN3_SCRIPT, added=THINK_TAGS, reasoning_parser="none")
+    with app as http:  # a model that does not reason: refused on chat, ignored with Anthropic's thinking
+        refused = http.post("/v1/chat/completions", json={"messages": ASK, "thinking_token_budget": 5})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "thinking_token_budget"
+        client = anthropic.Anthropic(base_url="http://testserver", api_key="unused", http_client=http, max_retries=0)
+        client.messages.create(model="reasoner", messages=ASK, max_tokens=8,
+                               thinking={"type": "enabled", "budget_tokens": 1024})
+        assert engine.requests[-1].sampling_params.grammar is None

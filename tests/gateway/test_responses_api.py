@@ -137,7 +137,7 @@ def test_named_tool_choice_fills_the_arguments(client):
     ({"tools": [{"type": "function", "name": "f", "parameters": {"type": 3}}]}, "tools.0.parameters"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"max_output_tokens": 10**7}, "max_output_tokens"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
     ({"input": []}, "input"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),

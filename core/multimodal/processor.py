@@ -1,0 +1,108 @@
+"""The engine's side of a request's images: the model's own image processor (transformers', the
+fast one where it can run) turns each image into its frames, and its placeholder token in the
+prompt into the model's expansion (Idefics3: a <fake_token_around_image><row_i_col_j> tile run of
+<image> tokens per tile, then the global view), tokenized with the model's tokenizer.
+
+It runs in the engine process at add_request, before the scheduler sees the request, so the
+scheduler, the KV cache and the prefix cache see the expanded prompt and its `ImageSpan`s."""
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any
+
+from ..params import ValidationError
+from .inputs import ImageData, ImageSpan
+
+logger = logging.getLogger(__name__)
+
+
+def decode_image(image: ImageData) -> Any:
+    """The image as an RGB PIL image (the gateway checked its header and size already)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(image.data)) as opened:
+        return opened.convert("RGB")
+
+
+def load_hf_processor(directory: str) -> Any:
+    """transformers' processor saved with the model. Its image processor is the fast (torchvision)
+    one where torchvision is installed, else transformers falls back to the PIL one (one warning).
+    Nothing is downloaded."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(directory, local_files_only=True)
+
+
+class ImagePrompts:
+    """Expands a request's image placeholders and prepares its images' pixels."""
+
+    def __init__(self, hf_processor: Any, image_token_id: int):
+        self.processor = hf_processor
+        self.image_token_id = image_token_id
+        self.image_token: str = hf_processor.image_token  # the placeholder text, one per image
+
+    @classmethod
+    def for_model(cls, model: Any, directory: str | None) -> ImagePrompts | None:
+        """None for a text-only model."""
+        if not hasattr(model, "encode_images") or directory is None:
+            return None
+        return cls(load_hf_processor(directory), model.image_token_id)
+
+    def prepare(self, request: Any) -> None:
+        """Replace each image placeholder of `request.prompt_token_ids` by its expansion and record
+        where each image sits (`request.image_spans`); raises ValidationError if the placeholders
+        and the images do not pair up or an image cannot be read."""
+        ids = request.prompt_token_ids
+        places = [i for i, token in enumerate(ids) if token == self.image_token_id]
+        if len(places) != len(request.images):
+            raise ValidationError(f"the prompt has {len(places)} image placeholders ({self.image_token}) for "
+                                  f"{len(request.images)} images", "images")
+        expanded: list[int] = []
+        spans: list[ImageSpan] = []
+        previous = 0
+        for index, (place, image) in enumerate(zip(places, request.images)):
+            expanded.extend(ids[previous:place])
+            pixels, tokens = self._expand(image, index)
+            offsets = tuple(i for i, token in enumerate(tokens) if token == self.image_token_id)
+            spans.append(ImageSpan(len(expanded), len(tokens), image.content_hash, offsets, pixels))
+            expanded.extend(tokens)
+            previous = place + 1
+        expanded.extend(ids[previous:])
+        request.prompt_token_ids = expanded
+        request.image_spans = tuple(spans)
+        request.images = ()  # the pixels are on the spans now
+
+    def _expand(self, image: ImageData, index: int) -> tuple[Any, list[int]]:
+        """(the image's frames [F, 3, S, S], the token ids of its placeholder's expansion)."""
+        try:
+            picture = decode_image(image)
+            out = self.processor.image_processor(images=[[picture]], return_row_col_info=True, return_tensors="pt")
+        except Exception as exc:  # noqa: BLE001 - a failure on one image is that request's, not the engine's
+            raise ValidationError(f"image {index} could not be prepared: {exc}", "images") from None
+        text = self.processor.replace_image_token({"rows": out["rows"], "cols": out["cols"]}, 0)
+        tokens = self.processor.tokenizer.encode(text, add_special_tokens=False)
+        return out["pixel_values"][0], tokens
+
+
+def image_prompts_for(loaded: Any, backend: Any) -> ImagePrompts | None:
+    """The engine's ImagePrompts for a loaded model, or None where it reads text only: a text
+    model, or a vision-language model on a backend that does not declare it runs vision towers
+    (Capabilities.vision_encoders; one logged line)."""
+    if not hasattr(loaded.model, "encode_images"):
+        return None
+    if not backend.capabilities().vision_encoders:
+        logger.warning("backend %s does not run vision encoders: this model serves text only, and a request "
+                       "with images is refused", backend.name)
+        return None
+    return ImagePrompts.for_model(loaded.model, loaded.source.directory)
+
+
+def prepare_images(prompts: ImagePrompts | None, request: Any) -> None:
+    """At add_request: a request with images is expanded (ImagePrompts.prepare), or refused where
+    the engine reads text only."""
+    if not request.images:
+        return
+    if prompts is None:
+        raise ValidationError("this model reads text only: images are not supported", "images")
+    prompts.prepare(request)
