@@ -20,19 +20,6 @@ from switchyard.core.lora.adapter import LoraAdapterError
 from switchyard.core.lora.batch import lora_batch, slice_batch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory, default_tokenizer):
-    return save_base(tiny_llama_config(), tmp_path_factory.mktemp("tiny-llama"), default_tokenizer)
-
-
 @pytest.fixture(scope="module")
 def served(llama_dir, tmp_path_factory):
     """An engine serving one good adapter, and its reference."""

@@ -3,27 +3,12 @@ adapters, the prefix cache per adapter, and LoadLora / UnloadLora through the en
 from __future__ import annotations
 
 import pytest
-import torch
-from lora_helpers import (GREEDY, LogitsRecorder, make_adapter, make_engine, prompts, reference_greedy, run,
-                          save_base, tiny_llama_config)
+from lora_helpers import GREEDY, LogitsRecorder, make_adapter, make_engine, prompts, reference_greedy, run
 
 from switchyard.core.engine.loop import EngineLoop
 from switchyard.core.engine.messages import AddRequests, LoadLora, Settled, UnloadLora
 from switchyard.core.params import SamplingParams, ValidationError
 from switchyard.core.scheduling.request import Request
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory, default_tokenizer):
-    return save_base(tiny_llama_config(), tmp_path_factory.mktemp("tiny-llama"), default_tokenizer)
 
 
 @pytest.fixture(scope="module")

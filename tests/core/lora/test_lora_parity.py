@@ -10,19 +10,6 @@ from lora_helpers import (LogitsRecorder, load_base, make_adapter, make_engine, 
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory, default_tokenizer):
-    return save_base(tiny_llama_config(), tmp_path_factory.mktemp("tiny-llama"), default_tokenizer)
-
-
 def assert_matches(engine, recorder, tokens, requests, references):
     for rid, prompt, adapter in requests:
         hf = references[adapter]
