@@ -171,11 +171,7 @@ class BertEmbeddingModel(CausalLM):
         super().__init__()
         _check_supported(config, tp)
         self.config = config
-        head_dim = config.hidden_size // config.num_attention_heads
-        self.attention_specs = [AttentionSpec(num_heads=config.num_attention_heads,
-                                              num_kv_heads=config.num_attention_heads, head_dim=head_dim,
-                                              block_size=block_size, scale=head_dim ** -0.5, dtype=dtype)
-                                for _ in range(config.num_hidden_layers)]
+        self.attention_specs = encoder_attention_specs(config, block_size, dtype)
         self.embeddings = BertEmbeddings(config, dtype)
         self.encoder = BertEncoder(config, dtype)
 
@@ -198,6 +194,15 @@ class BertEmbeddingModel(CausalLM):
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
         named = ((_encoder_name(name), tensor) for name, tensor in weights if _is_encoder_weight(name))
         return load_checkpoint_weights(self, named, STACKED_PARAMS, tied_lm_head=False)
+
+
+def encoder_attention_specs(config: Any, block_size: int, dtype: torch.dtype) -> list[AttentionSpec]:
+    """An encoder's specs, one per layer, declared only for the engine's accounting: its attention
+    runs over the padded step (PaddedBatch), never through the KV cache."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    return [AttentionSpec(num_heads=config.num_attention_heads, num_kv_heads=config.num_attention_heads,
+                          head_dim=head_dim, block_size=block_size, scale=head_dim ** -0.5, dtype=dtype)
+            for _ in range(config.num_hidden_layers)]
 
 
 def _check_supported(config: Any, tp: TensorParallel) -> None:

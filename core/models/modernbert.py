@@ -35,7 +35,7 @@ from ..layers.linear import Embedding, Linear
 from ..layers.parallel import NO_TP, TensorParallel
 from ..layers.rotary import RotaryEmbedding, apply_rotary
 from .base import CausalLM
-from .bert import PaddedBatch
+from .bert import PaddedBatch, encoder_attention_specs
 from .weights import load_checkpoint_weights
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
@@ -184,10 +184,7 @@ class ModernBertEmbeddingModel(CausalLM):
         _check_supported(config, tp)
         self.config = config
         head_dim = config.hidden_size // config.num_attention_heads
-        self.attention_specs = [AttentionSpec(num_heads=config.num_attention_heads,
-                                              num_kv_heads=config.num_attention_heads, head_dim=head_dim,
-                                              block_size=block_size, scale=head_dim ** -0.5, dtype=dtype)
-                                for _ in range(config.num_hidden_layers)]
+        self.attention_specs = encoder_attention_specs(config, block_size, dtype)
         self.half_window = int(config.local_attention) // 2
         self.embeddings = ModernBertEmbeddings(config, dtype)
         self.layers = nn.ModuleList(ModernBertLayer(config, i, dtype) for i in range(config.num_hidden_layers))
