@@ -256,9 +256,9 @@ class CpuBackend(ProcessGroupShards, Backend):
     def make_runner(self, loaded, kv_caches: list[torch.Tensor], config):
         """Once the in-place decode kernel is built or reused (extension.py; the gather path, with
         its reason logged, if it cannot be): the eager runner (runner.py), or with `config.compile_decode`
-        the runner whose decode-only steps run every layer in C++ (fused_decode.py) when the
-        model declares the Llama decoder layout, else the runner of decode graphs compiled here,
-        at warm-up (compiled.py)."""
+        the runner whose decode-only steps run every layer in C++ (fused_decode.py; LoRA adapters'
+        deltas too, once the loader sets its `lora`) when the model declares the Llama decoder
+        layout, else the runner of decode graphs compiled here, at warm-up (compiled.py)."""
         cache_root = _cache_root(config.model.cache_dir)
         self._decode.load(cache_root, isa=config.isa)
         if not config.compile_decode:
@@ -266,8 +266,7 @@ class CpuBackend(ProcessGroupShards, Backend):
         layout = loaded.model.decoder_layout()
         fused = self._fused_program(layout, loaded.dtype, config, cache_root)
         if not isinstance(fused, str):
-            logger.info("CPU decode steps: every layer in C++ (fused decode layers)%s", "; steps with LoRA adapter "
-                        "rows run the model's layers" if config.lora.enabled else "")
+            logger.info("CPU decode steps: every layer in C++ (fused decode layers)")
             return FusedDecodeRunner(loaded.model, self, kv_caches, config.cache.block_size, layout, fused)
         if config.lora.enabled:  # graphs compiled now would hold the layers without their adapters
             logger.info("LoRA adapters: steps run the model's layers (no fused decode layers: %s)", fused)

@@ -14,15 +14,25 @@ backend then falls back to the compiled graphs or to eager steps, with the reaso
 
 The C++ rounds as the eager layers do (see the source's header): greedy output agrees with
 the eager engine's token for token in the tests, and logits agree within float rounding.
+
+LoRA adapters (core/lora): once the loader wraps the targeted layers and sets the runner's
+`lora`, `lora_program` gives the program each wrapped linear's stacks (the tensors the
+LoraManager writes adapters into, so loads and evictions need nothing more), and a step with
+adapter rows runs in C++ too, its LoraBatch's token slots passed to `forward`: each linear's
+deltas through csrc/lora.h, the arithmetic of the wrappers' kernel calls. The output head's
+adapter is the wrapped lm_head's, as on every path; only an adapter of the embedding (which the
+program's caller embeds with the base layer) sends steps with adapter rows to the model's layers.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import torch
 from torch import nn
 
 from switchyard.core.layers import Linear
+from switchyard.core.lora.layers import LoraEmbedding, LoraLinear
 from switchyard.core.models.layout import DecoderLayout
 
 from .extension import DECODE_LAYERS_SOURCE, ExtensionBuild, build_extension
@@ -32,6 +42,8 @@ from .runner import CpuModelRunner
 
 DENSE, ONEDNN, BLOCKS, INT8, INT4, ROWS = range(6)  # csrc/decode_layers.cpp's linear kinds
 _NONE = torch.empty(0)
+
+logger = logging.getLogger(__name__)
 
 
 def describe() -> str:
@@ -116,6 +128,26 @@ def fused_program(layout: DecoderLayout | None, build: ExtensionBuild, dtype: to
     return program
 
 
+def lora_program(program, layout: DecoderLayout, model: nn.Module) -> str | None:
+    """Gives `program` the stacks of every wrapped linear of the layout (core/lora/layers.py
+    LoraLinear, wrapping the very modules the program multiplies); None, or why steps with adapter
+    rows must run the model's layers instead."""
+    if any(isinstance(m, LoraEmbedding) for m in model.modules()):
+        return "an adapter of the embedding"
+    wrappers = {id(m.base): m for m in model.modules() if isinstance(m, LoraLinear)}
+    for index, parts in enumerate(layout.layers):
+        for linear, module in enumerate((parts.qkv, parts.o, parts.gate_up, parts.down)):
+            wrapper = wrappers.get(id(module))
+            if wrapper is None:
+                continue
+            stacks = wrapper.stacks
+            shared = stacks[0].shared_a
+            program.add_lora(index, linear, _NONE if shared is None else shared, [s.a for s in stacks],
+                             [s.b for s in stacks], [s.scales for s in stacks],
+                             [n for s in stacks for n in (s.target.part, s.target.start, s.target.stop)])
+    return None
+
+
 class FusedDecodeRunner(CpuModelRunner):
     """ModelRunner whose steps run the model's DecodeLayers program (see above): every step where
     the model multiplies block-format weights (each token a decode row, runner.py), and decode-only
@@ -123,18 +155,32 @@ class FusedDecodeRunner(CpuModelRunner):
 
     def __init__(self, model: nn.Module, backend, kv_caches: list[torch.Tensor], block_size: int,
                  layout: DecoderLayout, program) -> None:
-        super().__init__(model, backend, kv_caches, block_size)
         self.layout, self.program = layout, program
+        self.lora_fallback: str | None = None  # why steps with adapter rows run the model's layers
+        super().__init__(model, backend, kv_caches, block_size)
         self.num_fused_steps = 0
+
+    @property
+    def lora(self):
+        return self._lora
+
+    @lora.setter
+    def lora(self, manager) -> None:
+        """The LoraManager (core/lora), set once the layers are wrapped: their stacks join the program."""
+        self._lora = manager
+        if manager is not None:
+            self.lora_fallback = lora_program(self.program, self.layout, self.model)
+            logger.info("CPU fused decode layers: %s", "LoRA deltas in C++ too" if self.lora_fallback is None else
+                        f"steps with LoRA adapter rows run the model's layers ({self.lora_fallback})")
 
     def forward(self, step) -> torch.Tensor:
         # a float model's step with prompt tokens or prompt logprobs runs the model's forward
         decode_rows = step.meta.num_decodes == step.input_ids.shape[0] and not step.prompt_logits_spans
-        if not (self.by_row or decode_rows) or step.lora is not None:  # LoRA rows: the wrapped layers (core/lora)
+        if not (self.by_row or decode_rows) or (step.lora is not None and self.lora_fallback is not None):
             return super().forward(step)
         meta = step.meta  # one decode row per query token (core/execution/runner.py build_step_input)
         hidden = self.layout.embed(step.input_ids).contiguous()
         cos, sin = self.layout.rotary(step.positions, hidden.dtype)
         self.num_fused_steps += 1
         return self.program.forward(hidden, cos, sin, self.kv_caches, meta.slot_mapping, meta.block_table,
-                                    meta.seq_lens)
+                                    meta.seq_lens, _NONE if step.lora is None else step.lora.token_slots)

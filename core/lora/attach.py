@@ -7,8 +7,10 @@
    backend measures its free memory after them). It returns the LoraManager the engine and the
    runner share;
 3. `wrap_layers` once the runner is built: the targeted layers wrapped (layers.py). A backend's
-   own path (the CPU's fused C++ layers, graphs) took the layers as they were, and runs the steps
-   without adapter rows; the others run the wrapped layers (core/execution/decode_batch.py).
+   own path (graphs) took the layers as they were, and runs the steps without adapter rows; the
+   others run the wrapped layers (core/execution/decode_batch.py). The CPU's fused C++ layers take
+   the wrappers' stacks once the loader sets the runner's `lora` (backends/cpu/fused_decode.py
+   lora_program), and run the steps with adapter rows too.
 """
 from __future__ import annotations
 

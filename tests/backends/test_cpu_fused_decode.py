@@ -205,7 +205,8 @@ def test_padding_rows_write_no_kv(tmp_path_factory):
     hidden = torch.randn(1, 64)
     cos, sin = runner.layout.rotary(torch.tensor([3]), torch.float32)
     runner.program.forward(hidden, cos, sin, runner.kv_caches, torch.tensor([-1]),
-                           torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32))
+                           torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
+                           torch.empty(0))  # no LoRA token slots
     assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches))
 
 

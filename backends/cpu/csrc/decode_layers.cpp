@@ -28,6 +28,14 @@
 //   3 int8 / 4 int4: torch's weight-only kernels in bf16 (quant.py), same batch rule
 //   5 rows: a bf16 weight in the row kernel's tiles (row_matmul.h) up to batch_rows rows, and
 //     as its float32 oneDNN packing beyond (linear.py, CPUs without bf16 packing)
+//
+// LoRA adapters (core/lora): `add_lora` gives a linear the stacks of its wrapper (layers.py): the
+// very tensors the LoraManager writes each adapter into, so a load or an eviction needs nothing
+// here. A step's `token_slots` ([M], -1 for a row of the base model; empty for a step without
+// adapter rows) are grouped by slot once (lora.h runs_of); after each linear with stacks its
+// input is shrunk (once for a fused projection's parts, whose A stacks are one tensor) and each
+// part's delta expanded into its column slice of the output: the calls, operands and order of
+// LoraLinear.forward, through lora.h's arithmetic, so the deltas are the same bits as there.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -43,6 +51,7 @@
 #include "block_matmul.h"
 #include "elementwise.h"
 #include "kv_rows.h"
+#include "lora.h"
 #include "paged_decode.h"
 #include "row_matmul.h"
 #include "extension_library.h"
@@ -119,11 +128,38 @@ Linear make_linear(const std::vector<at::Tensor>& t, const std::vector<int64_t>&
   return l;
 }
 
+// One part of a linear's adapters (a LoraStack): its A stack [S, R, in] (unused when the linear's
+// parts share one), B [S, out, R], scales [S], and its columns [start, stop) of the output.
+struct LoraPart {
+  at::Tensor a, b, scales;
+  int64_t part, start, stop;
+};
+
+// A linear's adapters: the shared A [S, parts * R, in] of a fused projection (or none), its parts.
+struct LoraStacks {
+  std::optional<at::Tensor> shared;
+  std::vector<LoraPart> parts;
+
+  bool empty() const { return parts.empty(); }
+
+  // y (the linear's output) += each part's delta for x (its input): LoraLinear.forward's calls.
+  void apply(const at::Tensor& x, const at::Tensor& y, const lora::Runs& runs) const {
+    const at::Tensor h_all = shared ? lora::shrink_runs(x, *shared, runs) : at::Tensor();
+    for (const LoraPart& p : parts) {
+      const int64_t rank = p.b.size(2);
+      const at::Tensor h = shared ? h_all.narrow(1, p.part * rank, rank).contiguous() : lora::shrink_runs(x, p.a, runs);
+      const at::Tensor out = p.start == 0 && p.stop == y.size(1) ? y : y.narrow(1, p.start, p.stop - p.start);
+      lora::expand_runs(out, h, p.b, p.scales, runs);
+    }
+  }
+};
+
 struct Layer {
   at::Tensor input_norm, post_norm;
   std::optional<at::Tensor> q_norm, k_norm;
   Linear qkv, o, gate_up, down;
   int64_t window;  // sliding window (0: none)
+  LoraStacks lora[4];  // of qkv, o, gate_up, down (empty: no adapter targets it)
 };
 
 // Rows per at::parallel_for task for work of `cost` values a row: a few thousand values a
@@ -189,6 +225,7 @@ struct DecodeLayers : torch::CustomClassHolder {
   double eps, scale, soft_cap;
   std::vector<Layer> layers;
   at::Tensor final_norm;
+  int64_t lora_slots = 0;  // S of every LoRA stack (0: none added)
 
   DecodeLayers(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rotary_dim,
                double eps, double scale, double soft_cap, at::Tensor final_norm)
@@ -210,25 +247,58 @@ struct DecodeLayers : torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 
+  // The adapters of linear `linear` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer`: `shared` the
+  // parts' one A stack (empty when they have their own), and per part its A (a), B (b) and scales
+  // stacks and ints [part, start, stop].
+  void add_lora(int64_t layer, int64_t linear, at::Tensor shared, std::vector<at::Tensor> a,
+                std::vector<at::Tensor> b, std::vector<at::Tensor> scales, std::vector<int64_t> ranges) {
+    TORCH_CHECK(layer >= 0 && layer < num_layers() && linear >= 0 && linear < 4, "decode_layers: no such linear");
+    TORCH_CHECK(a.size() == b.size() && b.size() == scales.size() && ranges.size() == 3 * b.size() && !b.empty(),
+                "decode_layers: a LoRA part is a, b, scales and 3 ints");
+    LoraStacks stacks;
+    stacks.shared = present(shared);
+    for (size_t k = 0; k < b.size(); ++k) {
+      const int64_t S = b[k].size(0);
+      TORCH_CHECK(lora_slots == 0 || lora_slots == S, "decode_layers: LoRA stacks of different slot counts");
+      lora_slots = S;
+      stacks.parts.push_back(LoraPart{a[k], b[k], scales[k], ranges[3 * k], ranges[3 * k + 1], ranges[3 * k + 2]});
+    }
+    layers[layer].lora[linear] = std::move(stacks);
+  }
+
   // hidden [M, hidden_size] (embedded tokens; updated in place as the residual stream),
   // cos / sin [M, 1, rotary_dim], kv_caches one per layer, slot_mapping [M] int64,
-  // block_table [M, W] int32, seq_lens [M] int32 -> the final-normed hidden [M, hidden_size].
+  // block_table [M, W] int32, seq_lens [M] int32, token_slots [M] int32 (each row's LoRA slot, -1
+  // none; empty: no adapter row) -> the final-normed hidden [M, hidden_size].
   at::Tensor forward(at::Tensor hidden, at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> kv_caches,
-                     at::Tensor slot_mapping, at::Tensor block_table, at::Tensor seq_lens) {
+                     at::Tensor slot_mapping, at::Tensor block_table, at::Tensor seq_lens, at::Tensor token_slots) {
     TORCH_CHECK(kv_caches.size() == layers.size(), "decode_layers: one cache per layer");
     TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == hidden_size && hidden.is_contiguous(), "decode_layers: hidden");
     TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "decode_layers: slot_mapping must be int64");
     TORCH_CHECK(cos.scalar_type() == hidden.scalar_type() && sin.scalar_type() == hidden.scalar_type() &&
                 cos.numel() == hidden.size(0) * rotary_dim && sin.numel() == cos.numel(), "decode_layers: rotary tables");
     const at::Tensor c = cos.contiguous(), s = sin.contiguous(), slots = slot_mapping.contiguous();
-    if (hidden.scalar_type() == at::kFloat) return run<float>(hidden, c, s, kv_caches, slots, block_table, seq_lens);
+    const bool adapted = token_slots.numel() > 0 && lora_slots > 0;  // (no stacks: no linear has adapters)
+    const lora::Runs runs = adapted ? lora::runs_of(token_slots, hidden.size(0), lora_slots, "decode_layers")
+                                    : lora::Runs();
+    const lora::Runs* r = adapted ? &runs : nullptr;
+    if (hidden.scalar_type() == at::kFloat) return run<float>(hidden, c, s, kv_caches, slots, block_table, seq_lens, r);
     TORCH_CHECK(hidden.scalar_type() == at::kBFloat16, "decode_layers: float32 or bfloat16");
-    return run<c10::BFloat16>(hidden, c, s, kv_caches, slots, block_table, seq_lens);
+    return run<c10::BFloat16>(hidden, c, s, kv_caches, slots, block_table, seq_lens, r);
+  }
+
+  // linear k of `layer` on x, plus its adapters' deltas when the step has adapter rows (runs).
+  static at::Tensor project(const Layer& layer, int k, const at::Tensor& x, const lora::Runs* runs) {
+    const Linear& linear = k == 0 ? layer.qkv : k == 1 ? layer.o : k == 2 ? layer.gate_up : layer.down;
+    at::Tensor y = linear(x);
+    if (runs != nullptr && !layer.lora[k].empty()) layer.lora[k].apply(x, y, *runs);
+    return y;
   }
 
   template <typename T>
   at::Tensor run(at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& caches,
-                 const at::Tensor& slots, const at::Tensor& block_table, const at::Tensor& seq_lens) {
+                 const at::Tensor& slots, const at::Tensor& block_table, const at::Tensor& seq_lens,
+                 const lora::Runs* runs) {
     const int64_t M = hidden.size(0), H = hidden_size, D = head_dim;
     const int64_t q_size = num_heads * D, kv_size = num_kv_heads * D, width = q_size + 2 * kv_size;
     const float e = static_cast<float>(eps);
@@ -238,7 +308,7 @@ struct DecodeLayers : torch::CustomClassHolder {
       const Layer& layer = layers[i];
       add_rms_norm<T>(h, delta.defined() ? delta.data_ptr<T>() : nullptr, layer.input_norm.data_ptr<T>(),
                       x.data_ptr<T>(), M, H, e);
-      at::Tensor qkv = layer.qkv(x);
+      at::Tensor qkv = project(layer, 0, x, runs);
       TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == width, "decode_layers: qkv output");
       T* qp = qkv.data_ptr<T>();
       const at::Tensor& cache = caches[i];
@@ -259,13 +329,13 @@ struct DecodeLayers : torch::CustomClassHolder {
       at::Tensor attention = at::empty({M, num_heads, D}, hidden.options());
       paged::paged_decode(attention, qkv.narrow(1, 0, q_size).view({M, num_heads, D}), cache, block_table, seq_lens,
                           scale, layer.window, soft_cap);
-      const at::Tensor o = layer.o(attention.view({M, q_size}));
+      const at::Tensor o = project(layer, 1, attention.view({M, q_size}), runs);
       add_rms_norm<T>(h, o.data_ptr<T>(), layer.post_norm.data_ptr<T>(), x.data_ptr<T>(), M, H, e);
-      const at::Tensor gate_up = layer.gate_up(x);
+      const at::Tensor gate_up = project(layer, 2, x, runs);
       const int64_t I = gate_up.size(1) / 2;
       at::Tensor act = at::empty({M, I}, hidden.options());
       silu_and_mul<T>(gate_up.data_ptr<T>(), act.data_ptr<T>(), M, I);
-      delta = layer.down(act);
+      delta = project(layer, 3, act, runs);
     }
     at::Tensor out = at::empty_like(hidden);
     add_rms_norm<T>(h, delta.defined() ? delta.data_ptr<T>() : nullptr, final_norm.data_ptr<T>(), out.data_ptr<T>(),
@@ -281,5 +351,6 @@ SWITCHYARD_LIBRARY(m) {
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double, at::Tensor>())
       .def("add_layer", &DecodeLayers::add_layer)
       .def("num_layers", &DecodeLayers::num_layers)
+      .def("add_lora", &DecodeLayers::add_lora)
       .def("forward", &DecodeLayers::forward);
 }

@@ -130,9 +130,9 @@ def test_speculative_decoding_with_adapters_keeps_greedy_tokens(llama_dir, tmp_p
     assert sum(proposed) > 0
 
 
-def test_prepared_decode_steps_run_adapter_rows_through_the_layers(llama_dir, tmp_path):
-    """compile_decode (as `switchyard serve`): steps with adapter rows run the wrapped layers and
-    match PEFT; steps of base requests alone still run the CPU's fused C++ layers."""
+def test_prepared_decode_steps_with_adapter_rows_match_peft(llama_dir, tmp_path):
+    """compile_decode (as `switchyard serve`): steps with adapter rows (their deltas in the CPU's
+    fused C++ layers, test_lora_fused.py) match PEFT; steps of base requests alone run them too."""
     merged = make_adapter(llama_dir, tmp_path / "a", seed=9)
     engine = make_engine(llama_dir, adapters=[("a", tmp_path / "a")], compile_decode=True)
     assert hasattr(engine.runner, "num_fused_steps"), type(engine.runner)

@@ -1,8 +1,8 @@
 """An adapter over the default model as `switchyard serve` runs it: its GGUF file's packed blocks
 multiplied in integers (BlockLinear), every token a decode row, and decode steps prepared
-(compile_decode: the C++ layers, which run the steps without adapter rows; the others run the
-model's layers, wrapped). The reference is the same base
-engine without LoRA, each targeted projection given PEFT's delta in plain torch by a forward hook."""
+(compile_decode: the C++ layers, which run every step, adapter rows' deltas included). The
+reference is the same base engine without LoRA and without the C++ layers (the model's layers),
+each targeted projection given PEFT's delta in plain torch by a forward hook."""
 from __future__ import annotations
 
 import pytest
@@ -70,7 +70,9 @@ def test_an_adapter_on_the_default_gguf_model_equals_its_reference(tmp_path):
     add_deltas_by_hooks(reference, tmp_path / "adapter", scale)
     expected = LogitsRecorder(reference)
     assert run(reference, [("lora", PROMPT, None)], PARAMS)["lora"] == tokens["lora"]
-    torch.testing.assert_close(ours["lora"], torch.stack(expected.rows["lora"]), atol=2e-3, rtol=2e-3)
+    # the C++ layers' float32 sums against the model's layers': the base model alone differs by up
+    # to 2.4e-3 (11k of these 295k logits by more than 1e-3), adapter or not
+    torch.testing.assert_close(ours["lora"], torch.stack(expected.rows["lora"]), atol=4e-3, rtol=2e-3)
 
 
 def test_an_adapter_over_int8_weights_made_at_load(tmp_path, default_tokenizer):
