@@ -18,14 +18,28 @@ from .stacks import LoraStack
 from .targets import TargetKind
 
 
-class LoraLinear(nn.Module):
-    """A projection (or the output head) with its parts' stacks; `base` is the module it wraps."""
+class _Wrapper(nn.Module):
+    """A layer with the adapters' deltas: `base` is the module it wraps, whose attributes it shows."""
 
-    def __init__(self, base: nn.Module, stacks: list[LoraStack], context: LoraContext):
+    def __init__(self, base: nn.Module, context: LoraContext):
         super().__init__()
         self.base = base
-        self.stacks = stacks
         self.context = context
+
+    def __getattr__(self, name: str):
+        """What the wrapped module holds (in_features, weight, ...), for code that reads it."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("base"), name)
+
+
+class LoraLinear(_Wrapper):
+    """A projection (or the output head) with its parts' stacks."""
+
+    def __init__(self, base: nn.Module, stacks: list[LoraStack], context: LoraContext):
+        super().__init__(base, context)
+        self.stacks = stacks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -46,22 +60,12 @@ class LoraLinear(nn.Module):
             kernel.expand(out, h, stack.b, stack.scales, batch)
         return y
 
-    def __getattr__(self, name: str):
-        """What the wrapped module holds (in_features, weight, ...), for code that reads it."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(super().__getattr__("base"), name)
-
-
-class LoraEmbedding(nn.Module):
+class LoraEmbedding(_Wrapper):
     """The token embedding with each adapter token's delta row: scale * B[s] @ A[s][:, id]."""
 
     def __init__(self, base: nn.Module, stack: LoraStack, context: LoraContext):
-        super().__init__()
-        self.base = base
+        super().__init__(base, context)
         self.stack = stack
-        self.context = context
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         y = self.base(ids)
@@ -72,12 +76,6 @@ class LoraEmbedding(nn.Module):
         h = stack.a[batch.token_slots.clamp(min=0).long(), ids]  # [T, R]; rows of the base model unused
         self.context.kernel.expand(y, h.to(y.dtype), stack.b, stack.scales, batch)
         return y
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(super().__getattr__("base"), name)
 
 
 def wrap_model(model: nn.Module, stacks: dict[tuple[str, int], LoraStack], context: LoraContext) -> int:
