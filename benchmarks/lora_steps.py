@@ -28,37 +28,19 @@ import argparse
 import tempfile
 import time
 
-import torch
-
 from switchyard.core.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig
 from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
+from switchyard.core.testing.lora_adapters import default_model_adapter
 
 PROMPT = [1, 4093, 314, 253, 1345, 28, 6357, 30, 27, 3160]
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def make_adapter(path: str, rank: int) -> None:
-    """PEFT's adapter over the default model's shapes (an uninitialised copy of the architecture)."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from switchyard.core.loader import choose_model
-    from switchyard.core.models.plain_config import transformers_config
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(transformers_config(choose_model(ModelConfig())[1]),
-                                                 dtype=torch.float32)
-    peft_model = get_peft_model(model, PeftLoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS))
-    peft_model.to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-    peft_model.save_pretrained(path)
+    """PEFT's adapter over the default model's shapes, on every projection."""
+    default_model_adapter(path, rank, PROJECTIONS, scale=0.02)
 
 
 def engine(lora: LoraConfig, compile_decode: bool = True) -> EngineCore:

@@ -10,10 +10,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+
+from switchyard.core.testing.lora_adapters import default_model_adapter
+from switchyard.core.testing.serving import wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -29,28 +31,7 @@ def _free_port() -> int:
 
 def _adapter(path, seed: int) -> str:
     """PEFT's adapter over the default model's shapes (q, v, down of three layers, rank 8)."""
-    import torch
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from switchyard.core.config import ModelConfig
-    from switchyard.core.loader import choose_model
-    from switchyard.core.models.plain_config import transformers_config
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(transformers_config(choose_model(ModelConfig())[1]),
-                                                 dtype=torch.float32)
-    peft_model = get_peft_model(model, PeftLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj",
-                                                                                           "down_proj"],
-                                                      layers_to_transform=[0, 7, 29], lora_dropout=0.0))
-    peft_model.to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.08)
-    peft_model.save_pretrained(str(path))
+    default_model_adapter(path, 8, ["q_proj", "v_proj", "down_proj"], seed=seed, scale=0.08, layers=[0, 7, 29])
     return str(path)
 
 
@@ -66,16 +47,7 @@ def served(tmp_path_factory):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.3)
+        wait_healthy(proc, base, 300)
         yield base, grpc_port, second
     finally:
         proc.terminate()

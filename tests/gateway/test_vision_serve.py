@@ -24,6 +24,7 @@ import pytest
 
 from served_engine import start_engine, stop_engine
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.testing.serving import wait_healthy
 from switchyard.core.testing.tiny_vlm import png_bytes, tiny_idefics3
 from switchyard.gateway.app import create_app
 from switchyard.gateway.media import MediaPolicy
@@ -257,16 +258,7 @@ def test_switchyard_serve_fetches_an_allowed_url_through_the_engine_process(mode
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.2)
+        wait_healthy(proc, base, 240)
         from openai import OpenAI
 
         client = OpenAI(base_url=base + "/v1", api_key="unused")

@@ -13,6 +13,7 @@ from switchyard.backends.cpu.quant import BlockLinear
 from switchyard.core.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig
 from switchyard.core.engine.core import EngineCore
 from switchyard.core.params import SamplingParams
+from switchyard.core.testing.lora_adapters import default_model_adapter
 
 LAYERS = [0, 7, 29]
 PROMPT = [1, 4093, 314, 253, 1345, 28, 6357, 30, 27, 3160]  # any ids of the vocabulary
@@ -20,28 +21,8 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
 def make_default_model_adapter(path) -> tuple[int, float]:
-    """PEFT's adapter over the default model's shapes (q, v, down of LAYERS; rank 8), made on an
-    uninitialised copy of the architecture: the adapter holds only its own matrices."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from switchyard.core.loader import choose_model
-    from switchyard.core.models.plain_config import transformers_config
-
-    hf_config = transformers_config(choose_model(ModelConfig())[1])
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    peft_model = get_peft_model(model, PeftLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj",
-                                                                                           "down_proj"],
-                                                      layers_to_transform=LAYERS, lora_dropout=0.0))
-    peft_model.to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
-    peft_model.save_pretrained(str(path))
+    """PEFT's adapter over the default model's shapes (q, v, down of LAYERS; rank 8); its rank and scale."""
+    default_model_adapter(path, 8, ["q_proj", "v_proj", "down_proj"], layers=LAYERS)
     return 8, 16 / 8
 
 
