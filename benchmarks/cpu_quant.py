@@ -63,7 +63,7 @@ SHAPES = {"smollm2-135m": ((960, 576), (576, 576), (3072, 576), (576, 1536), 30)
           "smollm2-1.7b": ((6144, 2048), (2048, 2048), (16384, 2048), (2048, 8192), 24)}
 
 
-def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135m") -> None:
+def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135m", isa: str = "auto") -> None:
     """Prints the --kernels table (see the module docstring)."""
     from switchyard.backends.cpu.linear import PackedLinear
     from switchyard.backends.cpu.quant import BlockLinear, Int4Linear, load_block_kernel
@@ -71,7 +71,7 @@ def kernel_ms(rows_list: list[int], fmt: str = "q4_1", shape: str = "smollm2-135
     from switchyard.core.quant import BLOCK_WEIGHTS
     from switchyard.core.testing.quant_blocks import random_blocks
 
-    ops = load_block_kernel(default_cache_root()).ops
+    ops = load_block_kernel(default_cache_root(), isa=isa).ops
     *shapes, layers = SHAPES[shape]
     weights = [[random_blocks(fmt, out, inp // BLOCK_WEIGHTS[fmt], seed, (1e-4, 1e-3)) for out, inp in shapes]
                for seed in range(layers)]
@@ -123,9 +123,10 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help="time the linear kernels alone")
     parser.add_argument("--format", default="q4_1", help="--kernels: the block format (q4_0 ... q6_k)")
     parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="--kernels: the layer shapes")
+    parser.add_argument("--cpu-isa", default="auto", help="--kernels: the block kernel's build (auto, avx2, portable ...)")
     args = parser.parse_args()
     if args.kernels:
-        kernel_ms(args.concurrency, args.format, args.shape)
+        kernel_ms(args.concurrency, args.format, args.shape, args.cpu_isa)
         return
     print(f"threads={torch.get_num_threads()} context~{args.prompt_tokens}+{args.new_tokens}")
     rng = random.Random(0)

@@ -301,6 +301,12 @@ class BackendInterface(ABC):
         (forced)"), once prepare_model has run; reported in /info. "" where it has no such choice."""
         return ""
 
+    def quantized_activations(self) -> str:
+        """How its integer kernels round the activations for the loaded model's quantized weights
+        (EngineConfig.quantized_activations, "auto" decided: "int8x2" or "int8"), once
+        prepare_model has run; reported in /info. "" where no such kernel multiplies the model."""
+        return ""
+
     @abstractmethod
     def init_device(self, shard: ShardInfo = SINGLE_SHARD) -> None:
         """Create the device context for shard.local_rank, and join the shard group

@@ -314,9 +314,11 @@ class EngineConfig:
     isa: str = "auto"
     # How a backend that multiplies block-quantized weights in integers rounds the activations:
     # "int8x2" (int8 per 32 values, then what that lost the same way: two integer products,
-    # about 15 bits) or "int8" (llama.cpp's one pass: half the integer work, a larger distance
-    # from the float reference; `--quantized-activations`).
-    quantized_activations: str = "int8x2"
+    # about 15 bits), "int8" (llama.cpp's one pass: half the integer work, a larger distance
+    # from the float reference) or "auto" (the backend decides per model: on the CPU two passes
+    # for small models, one for large, backends/cpu/quant.py resolve_activations;
+    # `--quantized-activations`, reported in /info).
+    quantized_activations: str = "auto"
     # How `switchyard serve` starts its engine process: "tuned" with the environment its backend
     # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,
     # threads bound to cores), "plain" as it was launched (--runtime).

@@ -63,7 +63,7 @@ class LLM:
                  grammar: GrammarConfig | None = None, chat_template: str | None = None,
                  model_impl: str = "auto", trust_remote_code: bool = False, tensor_parallel_size: int = 1,
                  parallel: ParallelConfig | None = None, speculative: SpeculativeConfig | None = None,
-                 isa: str = "auto", compile_decode: bool = False, quantized_activations: str = "int8x2",
+                 isa: str = "auto", compile_decode: bool = False, quantized_activations: str = "auto",
                  task: str = "auto", pooling: str | None = None, lora: LoraConfig | None = None):
         """`chat_template`: a Jinja file's path or template text, for a model without one.
         `isa`: the instruction-set level the backend's kernels run at (EngineConfig.isa);

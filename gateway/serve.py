@@ -85,9 +85,10 @@ _SERVE_FLAGS = [
      "instruction-set level the CPU kernels are built for and run at: portable, avx2, avx512, avx512-vnni or amx, "
      "up to what this CPU runs (default auto: the best it runs); a lower one serves as a lesser CPU would. "
      "Reported in /info and `switchyard backends`"),
-    ("--quantized-activations", ("QUANTIZED_ACTIVATIONS",), str, "int8x2",
+    ("--quantized-activations", ("QUANTIZED_ACTIVATIONS",), str, "auto",
      "how activations meet block-quantized (GGUF) weights on the CPU: int8x2 (int8 per 32 values, then what that "
-     "lost, ~15 bits: closest to the float reference) or int8 (llama.cpp's one pass: half the integer work)"),
+     "lost, ~15 bits: closest to the float reference), int8 (llama.cpp's one pass: half the integer work) or auto "
+     "(int8x2 for models under 0.5B weights, int8 above; reported in /info)"),
     ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
      "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
     ("--grammar-max-spec-bytes", ("GRAMMAR_MAX_SPEC_BYTES",), int, GrammarConfig.max_spec_bytes,
@@ -105,7 +106,7 @@ _SERVE_FLAGS = [
      "heavy compiles"),
 ]
 GRAMMAR_BACKENDS = ("xgrammar", "outlines")
-QUANTIZED_ACTIVATIONS = ("int8x2", "int8")  # EngineConfig.quantized_activations
+QUANTIZED_ACTIVATIONS = ("auto", "int8x2", "int8")  # EngineConfig.quantized_activations
 _SERVE_SWITCHES = [
     ("--json-output", ("JSON_OUTPUT",), "structured JSON logs"),
     ("--disable-grammar-support", ("DISABLE_GRAMMAR_SUPPORT",),

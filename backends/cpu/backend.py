@@ -26,7 +26,7 @@ from .fused_decode import describe as describe_fused
 from .linear import describe as describe_linears
 from .linear import load_rows_kernel, pack_linears, packable_dtypes, packing_supported, rows_kernel_rows
 from .lora import CpuLoraKernel
-from .quant import load_block_kernel, pack_quantized
+from .quant import BlockLinear, linear_weights, load_block_kernel, pack_quantized, resolve_activations
 from .runtime import cpu_flags, loaded_libraries, prefers_bfloat16, this_machine
 from .tuning import choose_single_row_products
 
@@ -120,6 +120,8 @@ class CpuBackend(ProcessGroupShards, Backend):
         # Reorder float32/bf16 linear weights for oneDNN once, at load (see linear.py).
         self.pack_weights = pack_weights and packing_supported()
         self._local_shards = 1  # shards of one model on this machine share its memory
+        self._shards = 1  # shards of the model in all (the whole model's size, for resolve_activations)
+        self._activations = ""  # how block-format weights meet activations, once prepare_model has decided
         # Decode-only steps of Llama-layout models through the C++ layers (fused_decode.py) when
         # the engine asks for prepared decode steps (EngineConfig.compile_decode); False: compiled graphs.
         self.fused_decode = fused_decode
@@ -175,7 +177,7 @@ class CpuBackend(ProcessGroupShards, Backend):
         then the gloo group. A worker process is pinned to its slice; rank 0 is not, since it
         shares the engine's process (and what it starts later, e.g. grammar workers, would
         inherit the pinning): it runs on the slice the workers leave free."""
-        self._local_shards = shard.local_world_size
+        self._local_shards, self._shards = shard.local_world_size, shard.world_size
         if not shard.sharded:
             logger.info("cpu runtime: %d torch threads; loaded: %s", torch.get_num_threads(),
                         ", ".join(loaded_libraries()) or "no OpenMP or allocator library")
@@ -213,14 +215,19 @@ class CpuBackend(ProcessGroupShards, Backend):
             logger.info("LoRA deltas: %s", self.lora_kernel().path)
         if any(isinstance(m, Linear) and m.quantized is not None for m in loaded.model.modules()):
             blocks = load_block_kernel(_cache_root(config.model.cache_dir), isa=config.isa)
-            pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None,
-                           config.quantized_activations)
+            activations = resolve_activations(config.quantized_activations, linear_weights(loaded.model, self._shards))
+            pack_quantized(loaded.model, blocks, QUANTIZED_BATCH_ROWS if self.pack_weights else None, activations)
+            if any(isinstance(m, BlockLinear) for m in loaded.model.modules()):
+                self._activations = activations
         if self.pack_weights:
             pack_linears(loaded.model, self._rows_kernel(loaded, _cache_root(config.model.cache_dir), config.isa))
         choose_single_row_products(loaded.model)
 
     def kernel_isa(self) -> str:
         return self._isa
+
+    def quantized_activations(self) -> str:
+        return self._activations
 
     def lora_kernel(self) -> CpuLoraKernel:
         """csrc/lora.cpp built (or reused) at the engine's instruction-set level (prepare_model

@@ -166,6 +166,27 @@ class BlockLinear(QuantizedLinear):
 # alone, as llama.cpp multiplies, changed them); "int8" is llama.cpp's one pass.
 ACTIVATION_PASSES = {"int8x2": 2, "int8": 1}
 ACTIVATIONS_BY_PASSES = {passes: name for name, passes in ACTIVATION_PASSES.items()}
+# "auto": two passes for a model whose linear layers hold fewer weights than this, one above.
+# Measured (2-core Zen 4; docs/cpu.md): on the default 135M model one pass turns the README's
+# answer wrong on every ISA level, while the second pass costs a c=1 decode ~20% at the AVX2
+# level (a small model's step is mostly not its products); on a 1.7B Q4_K_M the second pass
+# costs 1.6x (AVX512-VNNI) to 1.9x (AVX2) a c=8 step and 1.8x a c=1 step at AVX2, and one pass
+# is llama.cpp's own arithmetic, its KL to the float reference at or below llama.cpp's.
+TWO_PASS_MAX_WEIGHTS = 500_000_000
+
+
+def linear_weights(model: nn.Module, shards: int = 1) -> int:
+    """How many weights the model's linear layers hold (a quantized one's too), the whole model's
+    when it is split over `shards` shards (each holds about 1/shards of every linear)."""
+    return shards * sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Linear))
+
+
+def resolve_activations(setting: str, weights: int) -> str:
+    """EngineConfig.quantized_activations with "auto" decided (TWO_PASS_MAX_WEIGHTS): the same
+    choice for a model on every CPU and ISA level, so that its answers do not change with them."""
+    if setting != "auto":
+        return setting
+    return "int8x2" if weights < TWO_PASS_MAX_WEIGHTS else "int8"
 
 
 def load_block_kernel(cache_root: str, source: str = BLOCK_SOURCE, isa: str = "auto") -> ExtensionBuild:

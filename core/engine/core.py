@@ -63,7 +63,8 @@ class EngineCore:
         self.image_prompts = image_prompts_for(self.loaded, self.backend)  # None: text only (core/multimodal)
         self.info = EngineInfo(self.backend.name, num_blocks, block_size, self.loaded.max_model_len,
                                self.loaded.eos_token_ids, config.speculative.num_speculative_tokens,
-                               self.backend.kernel_isa(), pooling=self.loaded.pooling,
+                               self.backend.kernel_isa(), self.backend.quantized_activations(),
+                               pooling=self.loaded.pooling,
                                image_token=self.image_prompts.image_token if self.image_prompts else None,
                                lora_adapters=None if self.lora is None else self.lora.names)
         # constrained requests speculate too: their matchers roll back over k proposals

@@ -27,6 +27,7 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     speculate: int = 0  # proposed tokens a decode may verify per step (0: no speculative decoding)
     isa: str = ""  # the instruction-set level the backend's kernels run at (Backend.kernel_isa)
+    activations: str = ""  # how its integer kernels round activations (Backend.quantized_activations)
     # served for embeddings: how the model pools (core/pooling/spec.py); None: it generates
     pooling: PoolingSpec | None = None
     # LoRA adapters (core/lora): the names served at start; None: adapters are off

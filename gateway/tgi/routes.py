@@ -200,4 +200,6 @@ async def info(request: Request) -> SafeJSONResponse:
         "model_device_type": engine.backend if engine else None, "server": "switchyard",
         "speculate": engine.speculate if engine else None,  # TGI's: proposed tokens verified per step
         "isa": (engine.isa or None) if engine else None,  # ours: the instruction set the kernels run at
+        # ours: how the integer kernels round activations for quantized weights (int8x2 | int8)
+        "quantized_activations": (engine.activations or None) if engine else None,
     })

@@ -318,3 +318,18 @@ def test_cli_refuses_in_one_line(capsys, argv, words):
     assert main(argv) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("switchyard: error:")]
     assert len(errors) == 1 and words in errors[0]
+
+
+def test_auto_activations_take_two_passes_for_small_models_only():
+    """"auto" (the default) decides by the whole model's linear weights, the same on every CPU:
+    two passes under TWO_PASS_MAX_WEIGHTS (the default 135M model), llama.cpp's one pass above (a
+    1.7B); a named setting is kept whatever the size."""
+    from switchyard.backends.cpu.quant import TWO_PASS_MAX_WEIGHTS, linear_weights, resolve_activations
+
+    assert resolve_activations("auto", 134_515_008) == "int8x2"
+    assert resolve_activations("auto", 1_711_376_384) == "int8"
+    assert resolve_activations("auto", TWO_PASS_MAX_WEIGHTS) == "int8"
+    assert resolve_activations("int8x2", 10**10) == "int8x2" and resolve_activations("int8", 1) == "int8"
+    model = torch.nn.Sequential(Linear(64, 32), torch.nn.ReLU(), Linear(32, 16))
+    assert linear_weights(model) == 64 * 32 + 32 * 16
+    assert linear_weights(model, shards=3) == 3 * (64 * 32 + 32 * 16)  # each shard holds its slice

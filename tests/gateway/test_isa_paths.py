@@ -84,6 +84,7 @@ def test_the_readmes_question_gets_the_readmes_answer(isa_server):
     assert response.json()["choices"][0]["message"]["content"] == "The capital of France is Paris."
     info = httpx.get(isa_server.base_url + "/info").json()
     assert info["isa"].startswith(isa_server.isa)
+    assert info["quantized_activations"] == "int8x2"  # "auto" on a 135M model: two passes, on every level
 
 
 def _not_portable(server):

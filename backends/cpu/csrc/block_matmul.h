@@ -501,9 +501,11 @@ inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
   } else {
     constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
     for (int j0 = 0; j0 < 8; j0 += in_int16) {
-      __m256i sum = _mm256_maddubs_epi16(w[j0], _mm256_set1_epi32(a[j0]));
-      for (int j = j0 + 1; j < j0 + in_int16; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(a[j])));
-      dots[j0 / chunks] = _mm256_add_epi32(dots[j0 / chunks], _mm256_madd_epi16(sum, ones));
+      __m256i p[8];
+      for (int j = 0; j < in_int16; ++j) p[j] = _mm256_maddubs_epi16(w[j0 + j], _mm256_set1_epi32(a[j0 + j]));
+      for (int width = in_int16; width > 1; width /= 2)  // a tree: short dependency chains
+        for (int j = 0; j < width / 2; ++j) p[j] = _mm256_add_epi16(p[2 * j], p[2 * j + 1]);
+      dots[j0 / chunks] = _mm256_add_epi32(dots[j0 / chunks], _mm256_madd_epi16(p[0], ones));
     }
   }
 }
