@@ -501,11 +501,9 @@ inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
   } else {
     constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
     for (int j0 = 0; j0 < 8; j0 += in_int16) {
-      __m256i p[8];
-      for (int j = 0; j < in_int16; ++j) p[j] = _mm256_maddubs_epi16(w[j0 + j], _mm256_set1_epi32(a[j0 + j]));
-      for (int width = in_int16; width > 1; width /= 2)  // a tree: short dependency chains
-        for (int j = 0; j < width / 2; ++j) p[j] = _mm256_add_epi16(p[2 * j], p[2 * j + 1]);
-      dots[j0 / chunks] = _mm256_add_epi32(dots[j0 / chunks], _mm256_madd_epi16(p[0], ones));
+      __m256i sum = _mm256_maddubs_epi16(w[j0], _mm256_set1_epi32(a[j0]));
+      for (int j = j0 + 1; j < j0 + in_int16; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(a[j])));
+      dots[j0 / chunks] = _mm256_add_epi32(dots[j0 / chunks], _mm256_madd_epi16(sum, ones));
     }
   }
 }
@@ -543,15 +541,39 @@ template <int64_t Bits, int64_t Group, int R, typename T>
 inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
                       T* out, int64_t N, int64_t count) {
   constexpr int64_t record = record_bytes(Bits, Group);
+  constexpr int64_t G = groups_of(Group);
   __m256 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_ps(), acc_c[m] = _mm256_setzero_ps();
+  // The d e dot terms first, with only the weights and R accumulators live (16 ymm registers)...
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record;
     if (prefetch) prefetch_record<Bits, Group>(rec);
-    __m256 d[groups_of(Group)], c[groups_of(Group)];
+    __m256 d[G];
     __m256i w[8];
-    load_half<Bits, Group>(rec, h, d, c, w);
-    for (int m = 0; m < R; ++m) add_block<Bits, Group>(in, (m0 + m) * blocks + b, d, c, w, acc[m], acc_c[m]);
+    for (int g = 0; g < G; ++g)
+      d[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 16 * h)));
+    unpack_half<Bits>(rec + header_bytes(Group), h, w);
+    for (int m = 0; m < R; ++m) {
+      const int64_t at = (m0 + m) * blocks + b;
+      __m256i dots[G];
+      block_dot<Bits, G>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock), dots);
+      const __m256 e = _mm256_set1_ps(in.scale[at]);
+      for (int g = 0; g < G; ++g) acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d[g], e), acc[m]);
+    }
+  }
+  // ... then the c s terms, in the same order per row (the headers are in cache now).
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * record;
+    for (int g = 0; g < G; ++g) {
+      __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 32 + 16 * h)));
+      if constexpr (Bits == 8)
+        c = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 16 * h))),
+                            _mm256_set1_ps(128.0f), c);
+      for (int m = 0; m < R; ++m) {
+        const int64_t at = (m0 + m) * blocks + b;
+        acc_c[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g]), acc_c[m]);
+      }
+    }
   }
   for (int m = 0; m < R; ++m) {
     alignas(32) float values[8];
