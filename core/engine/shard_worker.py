@@ -107,6 +107,7 @@ def run_shard(shard: ShardInfo, config: EngineConfig, backend_name: str) -> None
     release_freed_memory()  # what loading freed stays resident otherwise (core/memory.py)
     logger.info("shard %d of %d ready: %d KV blocks", shard.rank, shard.world_size, model.num_blocks)
     while (step := broadcast_object()) is not None:
+        model.runner.copy_kv(step.kv_copies)
         model.runner.execute(step)
 
 
@@ -166,12 +167,15 @@ class ShardSet:
         return self.shard.sharded
 
     def execute(self, runner: ModelRunner, step: SchedulerOutput):
-        """Every shard runs step; rank 0's results. A shard that died raises ShardTerminated."""
+        """Every shard runs step (its partial prefix hits' copies first); rank 0's results. A shard
+        that died raises ShardTerminated."""
         if not self.sharded:
+            runner.copy_kv(step.kv_copies)
             return runner.execute(step)
         self.check()  # a local shard that ended: say which, before any collective meets it
         try:
             broadcast_object(step)
+            runner.copy_kv(step.kv_copies)
             return runner.execute(step)
         except RuntimeError as exc:
             raise self.terminated(exc) from exc

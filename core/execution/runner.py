@@ -160,6 +160,15 @@ class ModelRunner:
         self.encoder_cache = EncoderCache()  # image embeddings by content hash (core/multimodal)
 
     @torch.inference_mode()
+    def copy_kv(self, copies) -> None:
+        """Partial prefix hits (core/kv KVCopy): each copy's first slots of its source block into
+        its target block, in every layer; before the step computes, on every shard. A cache is
+        [2, num_blocks, block_size, ...] (AttentionSpec.cache_shape) on every backend."""
+        for copy in copies:
+            for cache in self.kv_caches:
+                cache[:, copy.target, :copy.num_slots] = cache[:, copy.source, :copy.num_slots]
+
+    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
         """Returns float32 logits [R, vocab] of the requests that sample (ScheduledRequest.num_logits
         rows each: one, or k + 1 for a request verifying k proposals), and their ids."""

@@ -12,6 +12,11 @@ least recently used end, dropping the evicted block's hash. The free queue is an
 ordered dict so that a revived block leaves it in O(1). One block per hash: a
 second block computed with the same tokens stays unhashed (it is freed for reuse
 like any other).
+
+Partial hits: a cached block registered with its parent hash and its tokens is also
+found by `partial_match`, for a request whose next tokens begin like the block's but
+then differ (a chat prompt that shares the system prompt and not the user's words):
+the request copies the matching slots into a block of its own (kv_cache_manager.py).
 """
 from __future__ import annotations
 
@@ -35,6 +40,9 @@ class BlockPool:
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}  # block hash -> the block holding those tokens
+        # (parent hash, first token) -> {block: its tokens}, for partial hits; and each block's key
+        self._children: dict[tuple[bytes, int], dict[int, tuple[int, ...]]] = {}
+        self._child_keys: dict[int, tuple[bytes, int]] = {}
 
     @property
     def num_cached_blocks(self) -> int:
@@ -69,8 +77,10 @@ class BlockPool:
             block_ids.append(block_id)
         return block_ids
 
-    def cache_block(self, block_id: int, block_hash: bytes) -> bool:
-        """Make an owned, full block findable under `block_hash`; False (nothing changes)
+    def cache_block(self, block_id: int, block_hash: bytes, parent: bytes | None = None,
+                    tokens: tuple[int, ...] = ()) -> bool:
+        """Make an owned, full block findable under `block_hash`, and with `parent` (the hash
+        its chain continues) and its `tokens` by partial_match too; False (nothing changes)
         if another block already holds that hash or this one holds another."""
         if self.ref_counts[block_id] == 0:
             raise ValueError(f"block {block_id} is free; only owned blocks are cached")
@@ -78,7 +88,24 @@ class BlockPool:
             return False
         self._cached[block_hash] = block_id
         self.block_hashes[block_id] = block_hash
+        if parent is not None and tokens:
+            key = (parent, tokens[0])
+            self._children.setdefault(key, {})[block_id] = tokens
+            self._child_keys[block_id] = key
         return True
+
+    def partial_match(self, parent: bytes, tokens, excluded=frozenset()) -> tuple[int, int] | None:
+        """The cached block after `parent` whose tokens begin with the longest run of `tokens`
+        (at least one, fewer than all of them: a whole match is a full hit), and that run's
+        length; None when no block begins with tokens[0]. `excluded`: blocks not to use."""
+        best = None
+        for block_id, cached in self._children.get((parent, tokens[0]), {}).items():
+            if block_id in excluded:
+                continue
+            length = next((i for i, (a, b) in enumerate(zip(cached, tokens)) if a != b), min(len(cached), len(tokens)))
+            if 0 < length < len(cached) and (best is None or length > best[1]):
+                best = (block_id, length)
+        return best
 
     def cached_block(self, block_hash: bytes) -> int | None:
         """The block holding the tokens of `block_hash`, owned or free, if any."""
@@ -90,6 +117,12 @@ class BlockPool:
         if block_hash is not None:
             del self._cached[block_hash]
             self.block_hashes[block_id] = None
+            key = self._child_keys.pop(block_id, None)
+            if key is not None:
+                siblings = self._children[key]
+                del siblings[block_id]
+                if not siblings:
+                    del self._children[key]
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add one owner to each block; a free block leaves the free queue."""

@@ -14,6 +14,19 @@ A waiting request first takes the longest run of cached full blocks
 tokens come from the cache, block-aligned, so the last token is always computed
 (its logits are needed) and nobody ever writes into a shared block.
 
+Partial hits (`partial_hit`): after its full blocks, a request whose next tokens begin
+like a cached block's (the same parent chain), but then differ, copies the matching
+slots' keys and values into the first block it allocates, instead of computing them: a
+chat prompt that shares a 24-token system prompt with a cached one computes from token
+24, not 16. The copy (`KVCopy`) goes down with the step (SchedulerOutput.kv_copies) and
+each shard applies it before the step's forward writes anything. The source must hold
+its keys and values already: a block registered in this step (unconfirmed) is never a
+source. The copied values are those the request would compute: a row's keys and values
+depend on its tokens and the prefix only (on the CPU's block kernels to the bit, the
+batch-invariance tests check it), so greedy tokens and log-probabilities are those of a
+cold prompt. Requests with images look no partial hit up (a block's key then depends on
+more than its tokens).
+
 Pooling requests (core/pooling) hash no block: they neither look up nor share.
 
 With prefix caching off, only requests of one share group (the n / best_of
@@ -27,9 +40,20 @@ failed) may have registered blocks whose keys and values were never written;
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..scheduling.request import Request
-from .block_hash import extend_block_hashes
+from .block_hash import extend_block_hashes, root_hash
 from .block_pool import BlockPool
+
+
+@dataclass(frozen=True)
+class KVCopy:
+    """Copy the keys and values of the first `num_slots` slots of block `source` into block
+    `target` (every layer), before the step computes anything."""
+    source: int
+    target: int
+    num_slots: int
 
 
 def cdiv(a: int, b: int) -> int:
@@ -44,6 +68,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._unconfirmed: list[tuple[int, bytes]] = []  # (block, hash) cached since the last confirm()
+        self._copies: list[KVCopy] = []  # partial hits' copies since the last take_copies()
 
     @property
     def num_free_blocks(self) -> int:
@@ -90,33 +115,55 @@ class KVCacheManager:
             hits.append(block_id)
         return hits
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int, num_computed_blocks: int = 0) -> int:
+    def partial_hit(self, request: Request, computed_blocks: list[int]) -> tuple[int, int] | None:
+        """After `computed_blocks` (get_computed_blocks), a cached block whose first slots hold
+        the request's next tokens, and how many (so that at most num_tokens - 1 tokens come
+        from the cache); None when there is none (see the module docstring)."""
+        if not self.looks_up(request) or request.image_spans or not self.enable_prefix_caching:
+            return None
+        start = len(computed_blocks) * self.block_size
+        stop = min(start + self.block_size, request.num_tokens - 1)
+        if stop <= start:
+            return None
+        parent = request.block_hashes[len(computed_blocks) - 1] if computed_blocks else root_hash(self._salt(request))
+        unconfirmed = {block_id for block_id, _ in self._unconfirmed}
+        return self.block_pool.partial_match(parent, request.token_slice(start, stop), unconfirmed)
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int, num_computed_blocks: int = 0,
+                          num_copied: int = 0) -> int:
         """Blocks to add so the request can hold `num_new_tokens` more tokens after
-        `num_computed_blocks` cached blocks."""
-        num_tokens = request.num_computed_tokens + num_computed_blocks * self.block_size + num_new_tokens
+        `num_computed_blocks` cached blocks (and `num_copied` tokens of a partial hit)."""
+        num_tokens = request.num_computed_tokens + num_computed_blocks * self.block_size + num_copied + num_new_tokens
         return max(0, cdiv(num_tokens, self.block_size) - len(request.block_ids) - num_computed_blocks)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = (),
-                       num_lookahead: int = 0) -> bool:
+                       num_lookahead: int = 0, partial: tuple[int, int] | None = None) -> bool:
         """Claim `computed_blocks` (from get_computed_blocks) and grow `request.block_ids`
         to hold `num_new_tokens` more tokens after them; register the blocks those tokens
         fill. All or nothing: returns False, changing nothing, when too few blocks are free.
-        The caller advances num_computed_tokens past the computed blocks.
+        The caller advances num_computed_tokens past the computed blocks (and `partial`'s tokens).
+
+        `partial` (from partial_hit: a block and a slot count): those slots are copied into the
+        first block allocated now (take_copies), and the new tokens follow them.
 
         `num_lookahead` more slots are allocated after them for speculative tokens, which are
         not the request's tokens yet: the blocks they fill are registered only once accepted
         (`settle_speculation`)."""
         pool, block_size = self.block_pool, self.block_size
-        num_blocks = self.num_blocks_needed(request, num_new_tokens + num_lookahead, len(computed_blocks))
+        num_copied = partial[1] if partial else 0
+        num_blocks = self.num_blocks_needed(request, num_new_tokens + num_lookahead, len(computed_blocks), num_copied)
         num_revived = sum(1 for block_id in computed_blocks if pool.ref_counts[block_id] == 0)
         if num_blocks + num_revived > pool.num_free_blocks:
             return False
-        num_computed = request.num_computed_tokens + len(computed_blocks) * block_size
+        num_computed = request.num_computed_tokens + len(computed_blocks) * block_size + num_copied
         if computed_blocks:
             pool.incref(computed_blocks)
             request.block_ids.extend(computed_blocks)
         if num_blocks:
-            request.block_ids.extend(pool.allocate(num_blocks))
+            allocated = pool.allocate(num_blocks)
+            if partial:  # copied before anything of the step is written, so the source may be evicted now
+                self._copies.append(KVCopy(partial[0], allocated[0], num_copied))
+            request.block_ids.extend(allocated)
         num_tokens = num_computed + num_new_tokens
         if num_tokens // block_size > num_computed // block_size and self.hashes_blocks(request):
             self._cache_full_blocks(request, num_computed, num_tokens)
@@ -126,9 +173,14 @@ class KVCacheManager:
                            confirmed: bool = False) -> None:
         """Register the blocks that tokens [num_computed, num_tokens) complete."""
         self._extend_hashes(request, num_tokens)
-        for index in range(num_computed // self.block_size, num_tokens // self.block_size):
+        size = self.block_size
+        for index in range(num_computed // size, num_tokens // size):
             block_id, block_hash = request.block_ids[index], request.block_hashes[index]
-            if self.block_pool.cache_block(block_id, block_hash) and not confirmed:
+            parent, tokens = None, ()  # with images a block's key is more than its tokens: no partial hits on it
+            if not request.image_spans:
+                parent = request.block_hashes[index - 1] if index else root_hash(self._salt(request))
+                tokens = tuple(request.token_slice(index * size, (index + 1) * size))
+            if self.block_pool.cache_block(block_id, block_hash, parent, tokens) and not confirmed:
                 self._unconfirmed.append((block_id, block_hash))
 
     def settle_speculation(self, request: Request, num_verified: int) -> None:
@@ -165,6 +217,11 @@ class KVCacheManager:
                 if pool.ref_counts[block_id] == 0:
                     pool.uncache(block_id)
         request.block_ids.clear()
+
+    def take_copies(self) -> tuple[KVCopy, ...]:
+        """The partial hits' copies of the step being scheduled (and forgets them)."""
+        copies, self._copies = tuple(self._copies), []
+        return copies
 
     def confirm(self) -> None:
         """The blocks cached so far hold the keys and values they were registered for."""

@@ -55,6 +55,8 @@ class SchedulerOutput:
     # Prefix cache, over this step's admissions: tokens looked up, and found cached.
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    # Partial prefix hits' slots to copy before the step computes (core/kv KVCopy; every shard)
+    kv_copies: tuple = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -84,9 +86,9 @@ class StepDraft:
             self.encoder_rows += rows_started(scheduled.images, scheduled.num_computed_tokens,
                                               scheduled.num_new_tokens)
 
-    def output(self) -> SchedulerOutput:
+    def output(self, kv_copies: tuple = ()) -> SchedulerOutput:
         # Decodes (one new token) first, then longer chunks; stable within each group.
         scheduled = sorted(self.scheduled.values(), key=lambda s: s.num_new_tokens != 1)
         return SchedulerOutput(scheduled=tuple(scheduled), preempted_ids=tuple(self.preempted_ids),
                                num_prefix_queried_tokens=self.num_prefix_queried_tokens,
-                               num_prefix_hit_tokens=self.num_prefix_hit_tokens)
+                               num_prefix_hit_tokens=self.num_prefix_hit_tokens, kv_copies=kv_copies)

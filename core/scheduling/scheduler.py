@@ -114,7 +114,7 @@ class Scheduler:
             self._schedule_prefills(draft)
         else:
             self._schedule_one_kind(draft)
-        return draft.output()
+        return draft.output(self.kv_cache_manager.take_copies())
 
     def _schedule_one_kind(self, draft: StepDraft) -> None:
         """A prefill-only or a decode-only step (the other kind if the first finds nothing)."""
@@ -221,16 +221,22 @@ class Scheduler:
                 break  # the head waits for an adapter slot and no base-model request is behind it
             request = self.waiting[index]
             computed_blocks = manager.get_computed_blocks(request)
+            partial = manager.partial_hit(request, computed_blocks)  # (block, slots) copied after them
             if self.prefill_policy is not None and (len(computed_blocks) * manager.block_size
+                                                    + (partial[1] if partial else 0)
                                                     >= max(request.num_prompt_tokens, request.num_tokens - 1)):
-                computed_blocks.pop()  # it would be a decode, admitted in a prefill step: recompute a block
-            num_cached = len(computed_blocks) * manager.block_size
+                # it would be a decode, admitted in a prefill step: recompute the partial hit, or a block
+                if partial:
+                    partial = None
+                else:
+                    computed_blocks.pop()
+            num_cached = len(computed_blocks) * manager.block_size + (partial[1] if partial else 0)
             num_new_tokens = self._fit_images(request, min(request.num_tokens - num_cached, draft.budget), draft,
                                               num_cached)
             if not num_new_tokens or (num_new_tokens < request.num_tokens - num_cached
                                       and not self.config.chunk_prompts):
                 break  # the whole prompt (or its next image) in one step, or wait for a step with room (FCFS)
-            if not manager.allocate_slots(request, num_new_tokens, computed_blocks):
+            if not manager.allocate_slots(request, num_new_tokens, computed_blocks, partial=partial):
                 break  # FCFS: nobody overtakes the head of the queue
             del self.waiting[index]
             request.num_computed_tokens = num_cached

@@ -100,6 +100,11 @@ class FakeRunner:
             kinds = {self._is_decode(s) for s in output.scheduled}
             assert len(kinds) <= 1, "a step mixed prefill and decode"
         self._written: set[tuple[int, int]] = set()
+        pool = self.scheduler.kv_cache_manager.block_pool
+        for copy in output.kv_copies:  # partial prefix hits, before anything of the step is written
+            assert None not in self.slots[copy.source][:copy.num_slots], "a copy of slots never written"
+            self.slots[copy.target][:copy.num_slots] = self.slots[copy.source][:copy.num_slots]
+            self.written_under[copy.target][:copy.num_slots] = [pool.block_hashes[copy.target]] * copy.num_slots
         for scheduled in output.scheduled:  # write_kv of the whole batch ...
             assert RESERVED_BLOCK_ID not in scheduled.block_ids
             assert len(scheduled.block_ids) == cdiv(scheduled.seq_len, self.block_size)

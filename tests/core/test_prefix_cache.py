@@ -67,9 +67,56 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
     scheduler.add_request(again := make_request("again", PREFIX))
     runner.run_until_done()
     step = _first_step(runner, "again")
-    # block-aligned: the last block (which holds the last token) is computed into a fresh block
-    assert step.num_computed_tokens == 20 and step.token_ids == tuple(PREFIX[20:]) and step.samples
+    # five full blocks, then the cached sixth block's first 3 slots copied into a fresh block: the
+    # last token is computed there (its logits are needed), and nobody writes into the cached one
+    assert step.num_computed_tokens == 23 and step.token_ids == tuple(PREFIX[23:]) and step.samples
+    [output] = [o for o in runner.outputs if any(s.request_id == "again" for s in o.scheduled)][:1]
+    [copy] = output.kv_copies
+    assert copy.num_slots == 3 and copy.target == step.block_ids[5] and copy.target not in first_blocks(runner)
     assert again.output_token_ids == first.output_token_ids
+
+
+def first_blocks(runner) -> set[int]:
+    return set(_first_step(runner, "first").block_ids)
+
+
+def test_a_prompt_that_shares_part_of_a_block_copies_those_slots():
+    """A chat prompt sharing 22 tokens with a cached one (5 blocks of 4, then 2 tokens of the
+    sixth) starts computing at token 22, not 20; the copied slots give the same context."""
+    scheduler = make_scheduler(block_size=4)
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(cold := make_request("cold", PREFIX, max_tokens=3))
+    runner.run_until_done()
+    other = PREFIX[:22] + [901, 902, 903]
+    scheduler.add_request(warm := make_request("warm", other, max_tokens=3))
+    runner.run_until_done()
+    step = _first_step(runner, "warm")
+    assert step.num_computed_tokens == 22 and step.token_ids == (901, 902, 903)
+    assert warm.num_cached_tokens == 22
+    reference = make_scheduler(block_size=4, enable_prefix_caching=False)
+    alone = FakeRunner(reference)
+    reference.add_request(expected := make_request("warm", other, max_tokens=3))
+    alone.run_until_done()
+    assert warm.output_token_ids == expected.output_token_ids
+
+
+def test_no_partial_hit_without_prefix_caching_or_from_a_block_of_this_step():
+    scheduler = make_scheduler(block_size=4, enable_prefix_caching=False)
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(make_request("a", PREFIX, max_tokens=2))
+    runner.run_until_done()
+    scheduler.add_request(make_request("b", PREFIX[:22] + [5], max_tokens=2))
+    runner.run_until_done()
+    assert all(not o.kv_copies for o in runner.outputs)
+    # two prompts admitted in one step: the second shares the first's full blocks, but never
+    # copies from a block whose keys and values this very step writes (FakeRunner checks it)
+    scheduler = make_scheduler(block_size=4)
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(make_request("c", PREFIX, max_tokens=2))
+    scheduler.add_request(make_request("d", PREFIX[:22] + [5, 6], max_tokens=2))
+    runner.step()
+    assert not runner.outputs[0].kv_copies
+    runner.run_until_done()
 
 
 def test_requests_admitted_in_one_step_share_the_blocks_computed_in_it():
