@@ -1,4 +1,5 @@
-"""A PEFT LoRA adapter read from its directory and checked against the served model.
+"""A PEFT LoRA adapter read from its directory and checked against the served model (llama.cpp's
+LoRA GGUF files are read by gguf_adapter.py into the same LoraAdapter).
 
 The directory holds adapter_config.json and adapter_model.safetensors (a pickled
 adapter_model.bin is refused: loading it would run code from the file). Every tensor is mapped
@@ -85,7 +86,7 @@ def adapter_directory(name: str, path: str) -> str:
                                + (f" (it resolves to {real!r})" if real != os.path.abspath(path) else ""))
     if not os.path.isdir(real):
         raise LoraAdapterError(f"LoRA adapter {name!r}: {path!r} is not a directory (a PEFT adapter is a "
-                               f"directory with {CONFIG_FILE} and {WEIGHTS_FILE})")
+                               f"directory with {CONFIG_FILE} and {WEIGHTS_FILE}; llama.cpp's is a .gguf file)")
     return real
 
 
@@ -137,9 +138,23 @@ def _pattern_value(patterns: dict, module: str, default):
     return default
 
 
-def load_adapter(name: str, path: str, targets: dict[tuple[str, int], LoraTarget], max_rank: int,
-                 dtype: torch.dtype, uid: int = 0) -> LoraAdapter:
-    """Reads and checks the adapter at `path` against the model's targets; nothing is kept on error."""
+def check_pair(name: str, module: str, target: LoraTarget, a: torch.Tensor, b: torch.Tensor, max_rank: int) -> None:
+    """LoraAdapterError unless a [r, in] and b [out, r] fit `target` with r at most `max_rank`."""
+    rank = a.shape[0] if a.dim() == 2 else -1
+    if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank or a.shape[1] != target.in_features \
+            or b.shape[0] != target.out_features:
+        raise LoraAdapterError(
+            f"LoRA adapter {name!r}: module {module} has A {tuple(a.shape)} and B {tuple(b.shape)}; this model "
+            f"needs A [r, {target.in_features}] and B [{target.out_features}, r]")
+    if rank > max_rank:
+        raise LoraAdapterError(f"LoRA adapter {name!r}: module {module} has rank {rank}, more than the "
+                               f"largest rank served, {max_rank} (--max-lora-rank)")
+
+
+def load_peft_adapter(name: str, path: str, targets: dict[tuple[str, int], LoraTarget], max_rank: int,
+                      dtype: torch.dtype, uid: int = 0) -> LoraAdapter:
+    """Reads and checks the PEFT adapter directory at `path` against the model's targets; nothing
+    is kept on error."""
     directory = adapter_directory(name, path)
     config = read_config(name, directory)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -166,15 +181,8 @@ def load_adapter(name: str, path: str, targets: dict[tuple[str, int], LoraTarget
             raise LoraAdapterError(f"LoRA adapter {name!r}: target module {module} is not supported on this model "
                                    f"(supported: q/k/v/o_proj, gate/up/down_proj, embed_tokens, lm_head)")
         a, b = pair["lora_A"], pair["lora_B"]  # an embedding's: A [r, vocab], B [dim, r], as a Linear's
+        check_pair(name, module, target, a, b, max_rank)
         rank = a.shape[0]
-        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank or a.shape[1] != target.in_features \
-                or b.shape[0] != target.out_features:
-            raise LoraAdapterError(
-                f"LoRA adapter {name!r}: module {module} has A {tuple(a.shape)} and B {tuple(b.shape)}; this model "
-                f"needs A [r, {target.in_features}] and B [{target.out_features}, r]")
-        if rank > max_rank:
-            raise LoraAdapterError(f"LoRA adapter {name!r}: module {module} has rank {rank}, more than the "
-                                   f"largest rank served, {max_rank} (--max-lora-rank)")
         r = _pattern_value(config.get("rank_pattern"), module, config.get("r", rank))
         if r != rank:
             raise LoraAdapterError(f"LoRA adapter {name!r}: module {module} has rank {rank}, its config says {r}")

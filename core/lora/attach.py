@@ -19,7 +19,7 @@ import logging
 from ..backend import Backend
 from ..config import EngineConfig
 from ..errors import BackendCapabilityError
-from .adapter import load_adapter
+from .sources import load_adapter
 from .context import LoraContext
 from .layers import wrap_model
 from .manager import LoraManager, stack_targets

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 import torch
 
 from ..config import LoraConfig
-from .adapter import LoraAdapter, LoraAdapterError, load_adapter
+from .adapter import LoraAdapter, LoraAdapterError
+from .sources import load_adapter
 from .context import LoraContext
 from .stacks import LoraStack
 from .targets import LoraTarget, TargetKind

@@ -39,6 +39,7 @@ class LoraTarget:
     in_features: int  # the vocabulary size for the embedding
     start: int
     stop: int
+    head_dim: int = 0  # the attention's head size, for the q/k/v parts (llama.cpp's row order, gguf_adapter.py)
 
     @property
     def out_features(self) -> int:
@@ -57,9 +58,11 @@ def find_targets(model: nn.Module) -> dict[tuple[str, int], LoraTarget]:
         leaf = path.rsplit(".", 1)[-1]
         if isinstance(module, MergedLinear) and leaf in LINEAR_MODULES:
             start = 0
+            parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+            head_dim = int(getattr(parent, "head_dim", 0) or 0) if leaf == "qkv_proj" else 0
             for part, size in enumerate(module.output_sizes):
                 targets[(path, part)] = LoraTarget(path, part, TargetKind.LINEAR, module.in_features, start,
-                                                   start + size)
+                                                   start + size, head_dim)
                 start += size
         elif isinstance(module, Linear) and (leaf in LINEAR_MODULES or module is head):
             kind = TargetKind.HEAD if module is head else TargetKind.LINEAR
@@ -80,3 +83,17 @@ def peft_target(peft_module: str) -> tuple[str, int]:
         fused, part = STACKED_PARAMS[leaf]
         return (f"{parent}.{fused}" if parent else fused), part
     return name, 0
+
+
+_UNFUSED = {(fused, part): leaf for leaf, (fused, part) in STACKED_PARAMS.items()}
+
+
+def hf_module(key: tuple[str, int]) -> str:
+    """The Hugging Face module name of one of our targets (peft_target's inverse):
+    (`model.layers.0.self_attn.qkv_proj`, 1) -> `model.layers.0.self_attn.k_proj`."""
+    module, part = key
+    parent, _, leaf = module.rpartition(".")
+    unfused = _UNFUSED.get((leaf, part))
+    if unfused is None:
+        return module
+    return f"{parent}.{unfused}" if parent else unfused

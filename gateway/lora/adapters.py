@@ -50,8 +50,8 @@ class LoraAdapters:
         return list(self._paths.items())
 
     def check_path(self, path: str) -> str:
-        """The real path a run-time load reads, or a ValidationError: a local directory given as
-        an absolute path, under one of --lora-allowed-dir when any is given."""
+        """The real path a run-time load reads, or a ValidationError: a local directory (or .gguf
+        file) given as an absolute path, under one of --lora-allowed-dir when any is given."""
         if not isinstance(path, str) or not path or "\x00" in path:
             raise ValidationError("`lora_path` must be a local directory", "lora_path")
         if "://" in path:
@@ -64,8 +64,9 @@ class LoraAdapters:
         if allowed and not any(os.path.commonpath([real, root]) == root for root in allowed):
             raise ValidationError(f"`lora_path` {path!r} is outside the directories adapters may be loaded from "
                                   "(--lora-allowed-dir)", "lora_path")
-        if not os.path.isdir(real):
-            raise ValidationError(f"`lora_path` {path!r} is not a directory", "lora_path")
+        if not os.path.isdir(real) and not (os.path.isfile(real) and real.lower().endswith(".gguf")):
+            raise ValidationError(f"`lora_path` {path!r} is not a directory (a PEFT adapter) or a .gguf file "
+                                  "(llama.cpp's LoRA adapter)", "lora_path")
         return real
 
     async def load(self, client, name: str, path: str) -> None:

@@ -16,7 +16,8 @@ def add_lora_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) 
     defaults = LoraConfig()
     parser.add_argument("--lora-adapters", default=environ.get("LORA_ADAPTERS") or None,
                         help="LoRA adapters served from the start, comma-separated `name=path` (or a path, named by "
-                        "its folder): local PEFT directories (adapter_config.json + adapter_model.safetensors). "
+                        "its folder or .gguf file): local PEFT directories (adapter_config.json + "
+                        "adapter_model.safetensors) or llama.cpp's LoRA .gguf files. "
                         "A request selects one by OpenAI `model` or TGI/gRPC `adapter_id` (default: none) [env: LORA_ADAPTERS]")
     parser.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
                         help="vLLM's spelling of --lora-adapters (space-separated)")
@@ -34,12 +35,14 @@ def add_lora_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) 
 
 
 def parse_adapters(values: list[str]) -> tuple[tuple[str, str], ...]:
-    """(name, absolute path) of each `name=path` or `path` (named by its last folder)."""
+    """(name, absolute path) of each `name=path` or `path` (named by its last folder, or its .gguf
+    file's name)."""
     pairs: list[tuple[str, str]] = []
     for value in values:
         name, sep, path = value.strip().partition("=")
         if not sep:
-            name, path = os.path.basename(value.strip().rstrip("/")), value.strip()
+            path = value.strip()
+            name = os.path.basename(path.rstrip("/")).removesuffix(".gguf")  # a folder's or a .gguf file's name
         name, path = name.strip(), path.strip()
         if not name or not path:
             raise ValidationError(f"a LoRA adapter is `name=path` or a path; got {value!r}")

@@ -92,6 +92,17 @@ def test_path_policy(tmp_path):
             adapters.check_path(bad)
 
 
+def test_a_llama_cpp_gguf_file_is_an_adapter_path(tmp_path):
+    gguf_file, text_file = tmp_path / "sql.gguf", tmp_path / "sql.txt"
+    gguf_file.write_bytes(b"GGUF")
+    text_file.write_text("not an adapter")
+    assert parse_adapters([str(gguf_file)]) == (("sql", str(gguf_file)),)  # named by the file, less .gguf
+    adapters = LoraAdapters(LoraSettings(True, (), ()))
+    assert adapters.check_path(str(gguf_file)) == os.path.realpath(gguf_file)
+    with pytest.raises(ValidationError, match="not a directory \\(a PEFT adapter\\) or a .gguf file"):
+        adapters.check_path(str(text_file))
+
+
 def test_load_select_list_unload(tokenizer, tmp_path):
     path = _adapter_dir(tmp_path, "sql")
     engine, app = _app(tokenizer, tmp_path)
