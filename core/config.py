@@ -46,6 +46,9 @@ class ModelConfig:
     # Under "embed": how the prompt's hidden states are pooled, "last" | "mean" | "cls", over what
     # the model's files say (--pooling); None = theirs.
     pooling: str | None = None
+    # llama.cpp's mmproj GGUF (--mmproj): the vision tower and connector served with the language
+    # model's GGUF in `model` (core/loader/mmproj.py); None: the model as it is.
+    mmproj: str | None = None
 
 
 # --kv-cache-dtype values (TGI's names for float8, llama.cpp's q8_0 in spirit for int8): "auto" stores

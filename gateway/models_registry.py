@@ -249,7 +249,7 @@ def model_specs(args: argparse.Namespace, config: EngineConfig, default_name: st
         return _file_specs(args.models, config, args.data_parallel_size)
     specs = [ModelSpec(default_name, config, args.data_parallel_size)]
     for source in args.extra_models:  # the LoRA flags name adapters of the default model only
-        specs.append(ModelSpec(source.rstrip("/"), replace(config, model=replace(config.model, model=source),
+        specs.append(ModelSpec(source.rstrip("/"), replace(config, model=replace(config.model, model=source, mmproj=None),
                                                            lora=LoraConfig()), args.data_parallel_size))
     return specs
 

@@ -52,6 +52,10 @@ _SERVE_FLAGS = [
     ("--max-best-of", ("MAX_BEST_OF",), int, 2, "largest best_of"),
     ("--max-client-batch-size", ("MAX_CLIENT_BATCH_SIZE",), int, 4, "most prompts in one request"),
     ("--revision", ("REVISION",), str, None, "model revision in the Hugging Face cache (default: main)"),
+    ("--mmproj", ("MMPROJ",), str, None,
+     "llama.cpp's mmproj GGUF of a vision-language model (its vision tower and connector), served with the "
+     "language model's GGUF given to --model-id, as llama-server's -m TEXT.gguf --mmproj MMPROJ.gguf; projector "
+     "types served: idefics3 (Idefics3, SmolVLM) (default: none: the model reads text only)"),
     ("--api-key", ("API_KEY",), str, None,
      "require Authorization: Bearer <key> on inference routes (default: none, every route open)"),
     ("--payload-limit", ("PAYLOAD_LIMIT",), int, 2_000_000, "largest request body in bytes"),
@@ -206,7 +210,7 @@ def engine_config(args: argparse.Namespace):
         graph_batch_sizes=() if args.enforce_eager else _graph_sizes(args.cuda_graphs),
         compile_decode=not args.enforce_eager,  # otherwise a server compiles its decode steps at warm-up
         model=ModelConfig(model=args.model, dtype=args.dtype, quantize=args.quantize, load_format=args.load_format,
-                          revision=args.revision,
+                          revision=args.revision, mmproj=args.mmproj,
                           max_model_len=args.max_model_len or args.max_total_tokens,
                           chat_template=args.chat_template, model_impl=args.model_impl,
                           trust_remote_code=args.trust_remote_code, **_task_options(args)),

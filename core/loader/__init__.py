@@ -9,7 +9,8 @@ It reads as a straight pipeline, each stage deciding once and handing its result
 2. build the model on the backend's device, weights not loaded (`_build_model`);
 3. `open_weights`: one reader for the plan's format - the GGUF file's blocks packed
    (gguf_packed.py) or dequantized (gguf_weights.py), a quantized Hub checkpoint's reader
-   (quant/hub), plain safetensors - and the model's `load_weights` takes what it yields;
+   (quant/hub), plain safetensors - and the model's `load_weights` takes what it yields; a GGUF
+   with an mmproj file (mmproj.py) is its language model's reader, then the vision tower's;
 4. quantize at load where the method asks it (quant/apply.py), and fit the context.
 The backend's `prepare_model` (called by the engine after this) then packs for its kernels.
 
@@ -18,6 +19,7 @@ With a sharded ShardInfo it builds this shard's slice of a tensor-parallel model
 only this shard's slices of the safetensors files."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -46,6 +48,7 @@ from ..pooling.decide import decide_pooling
 from ..pooling.spec import PoolingSpec
 from .dummy import fill_dummy_weights
 from .gguf_weights import GGUFWeights, load_gguf_config
+from .mmproj import MmprojWeights, read_mmproj, vision_language_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
 from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
                                   load_hf_config, safetensors_files)
@@ -88,7 +91,26 @@ def checkpoint_quantization(hf_config: Any) -> Any:
 
 def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     """The model's config: transformers' class, or for a GGUF's converted metadata the plain
-    attributes kept there (models/plain_config.py: no transformers import)."""
+    attributes kept there (models/plain_config.py: no transformers import); with an mmproj file,
+    the vision-language model's around the GGUF's (mmproj.py)."""
+    if source.mmproj is not None:
+        text_config = _model_config(replace(source, mmproj=None), trust_remote_code)
+        return vision_language_config(text_config, read_mmproj(source.mmproj), lambda: _gguf_tokenizer(source),
+                                      os.path.basename(source.path))
+    return _model_config(source, trust_remote_code)
+
+
+def _gguf_tokenizer(source: ModelSource) -> Any:
+    """The GGUF's tokenizer: the ServingTokenizer its converted metadata keeps, else transformers'."""
+    if source.metadata is not None and (tokenizer := ServingTokenizer.read(source.metadata)) is not None:
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    directory, gguf_file = source.tokenizer_files
+    return AutoTokenizer.from_pretrained(directory, **({"gguf_file": gguf_file} if gguf_file else {}))
+
+
+def _model_config(source: ModelSource, trust_remote_code: bool) -> Any:
     if source.kind == "named":
         return named_config(source.path)
     if source.kind == "gguf" and source.metadata is None:
@@ -240,10 +262,9 @@ def _load_tokenizer(model_config: ModelConfig) -> Any:
     if source.kind == "named":
         config = named_config(source.path)
         return dummy_tokenizer(config.vocab_size, config.bos_token_id, _first(config.eos_token_id))
-    if source.kind == "gguf" and source.metadata is not None:
-        return AutoTokenizer.from_pretrained(source.metadata)
     if source.kind == "gguf":
-        return AutoTokenizer.from_pretrained(source.directory, gguf_file=os.path.basename(source.path))
+        directory, gguf_file = source.tokenizer_files
+        return AutoTokenizer.from_pretrained(directory, **({"gguf_file": gguf_file} if gguf_file else {}))
     return AutoTokenizer.from_pretrained(source.directory, trust_remote_code=model_config.trust_remote_code)
 
 
@@ -253,6 +274,10 @@ def open_weights(plan: LoadPlan, lazy: bool = False) -> tuple[Iterable, int]:
     checkpoint's reader (core/quant/hub), or plain safetensors (lazy: each shard reads only its
     slices). Each yields (Hugging Face name, tensor or QuantizedWeight)."""
     source, hf_config = plan.source, plan.hf_config
+    if source.mmproj is not None:  # the language model's GGUF, then the vision tower's file (mmproj.py)
+        text, count = open_weights(replace(plan, source=replace(source, mmproj=None), hf_config=hf_config.text_config))
+        vision = MmprojWeights(source.mmproj, hf_config)
+        return itertools.chain(text, vision), count + len(vision)
     if plan.quantize == "gguf":
         weights = GGUFPackedWeights(source.gguf_file, hf_config, source.metadata)
         return weights, len(weights)

@@ -32,10 +32,20 @@ class ModelSource:
     # A GGUF's config.json and tokenizer, converted once (gguf_cache.py) so that a start does not
     # parse the file's metadata again; None: read them from the file.
     metadata: str | None = None
+    # llama.cpp's mmproj file served with this GGUF (ModelConfig.mmproj, core/loader/mmproj.py)
+    mmproj: str | None = None
 
     @property
     def directory(self) -> str:
         return self.path if self.kind == "safetensors" else os.path.dirname(self.path)
+
+    @property
+    def tokenizer_files(self) -> tuple[str, str | None]:
+        """Where transformers reads the tokenizer: (a directory, the GGUF file in it to parse or
+        None); a GGUF's converted metadata holds transformers' tokenizer files."""
+        if self.kind == "gguf" and self.metadata is None:
+            return self.directory, os.path.basename(self.path)
+        return self.metadata or self.directory, None
 
 
 def default_model_path() -> str:
@@ -126,6 +136,30 @@ def gguf_refusals(path: str):
 
 
 def resolve_source(model_config: ModelConfig) -> ModelSource:
+    source = _resolve_model(model_config)
+    if model_config.mmproj is None:
+        return source
+    return _with_mmproj(source, model_config.mmproj)
+
+
+def _with_mmproj(source: ModelSource, mmproj: str) -> ModelSource:
+    """The source with its mmproj file (read and checked by load_config, core/loader/mmproj.py):
+    only a GGUF language model whose weights are read takes one, as llama-server's -m does."""
+    from dataclasses import replace
+
+    from .mmproj import MmprojError
+
+    if source.kind != "gguf" or source.load_format == "dummy":
+        what = "dummy weights" if source.load_format == "dummy" else f"a {source.kind} source"
+        raise MmprojError(f"--mmproj goes with a GGUF language model (--model-id TEXT.gguf --mmproj MMPROJ.gguf); "
+                          f"the model is {what} ({source.path!r})")
+    path = os.path.expanduser(mmproj)
+    if not os.path.isfile(path):
+        raise MmprojError(f"--mmproj {mmproj!r}: no such file")
+    return replace(source, mmproj=path)
+
+
+def _resolve_model(model_config: ModelConfig) -> ModelSource:
     if model_config.load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {model_config.load_format!r} is not one of {LOAD_FORMATS}")
     name = model_config.model

@@ -38,11 +38,12 @@ def tiny_tokenizer(vocab_size: int = 300):
                                    additional_special_tokens=SPECIALS[2:], chat_template=CHAT_TEMPLATE)
 
 
-def tiny_idefics3(path, seed: int = 1, family: str = "idefics3"):
+def tiny_idefics3(path, seed: int = 1, family: str = "idefics3", tokenizer=None):
     """Saves a tiny Idefics3 (or, `family="smolvlm"`, SmolVLM: the same architecture under its own
     classes) checkpoint and its processor under `path`; returns (hf model, processor). The processor
     is Idefics3's for both: SmolVLM's own needs `num2words` and a video processor, and expands a
-    single image the same way."""
+    single image the same way. `tokenizer`: one with Idefics3's special tokens (SPECIALS) in place
+    of the tiny one (the vocabulary is its size)."""
     import torch
     import transformers
     from transformers import Idefics3Processor
@@ -50,7 +51,7 @@ def tiny_idefics3(path, seed: int = 1, family: str = "idefics3"):
 
     config_class, model_class = {"idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration"),
                                  "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration")}[family]
-    tokenizer = tiny_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer()
     image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
                                                 do_image_splitting=True)
     processor = Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=CHAT_TEMPLATE)
