@@ -529,3 +529,59 @@ def test_every_instruction_set_reads_and_writes_quantized_caches_alike(variant, 
                 expected = paged_attention_reference(query, cache, list(meta.query_start_loc_cpu),
                                                      list(meta.seq_lens_cpu), meta.block_table, 0.125, window, soft_cap)
                 torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+def _prompt_rows_batch(dtype, kv_cache_dtype=None, seed=11):
+    """A step as the CPU runner lays a prompt chunk out (every token a decode row, core/execution/
+    runner.py by_row): 40 consecutive positions of one request crossing the 256-position range
+    split (more than one group of 32), a decode of another request, and 5 rows of a third whose
+    block table differs from the first's only past its own positions."""
+    gen, block_size, head_dim = torch.Generator().manual_seed(seed), 16, 64
+    tables = torch.zeros(47, 40, dtype=torch.int32)
+    first = torch.randperm(60, generator=gen)[:40] + 1
+    tables[:40] = first
+    tables[40, :10] = torch.arange(61, 71)
+    tables[41:46] = first
+    tables[41:46, 3:] = torch.arange(71, 108)[:37]  # shares blocks 0-2 with the first request only
+    lens = [230 + i for i in range(40)] + [150] + [40 + i for i in range(5)] + [1]
+    tables[46, 0] = 1
+    cache = torch.randn(2, 110, block_size, 2, head_dim, generator=gen)
+    if kv_cache_dtype is None:
+        cache = cache.to(dtype)
+    else:  # the codes and a scale per row, as --kv-cache-dtype stores them
+        cache = quantize_rows(cache, KV_CACHE_FORMATS[kv_cache_dtype]).view(KV_CACHE_FORMATS[kv_cache_dtype])
+    query = torch.randn(len(lens), 6, head_dim, generator=gen).to(dtype)
+    return query, cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def _each_alone(op, query, cache, tables, lens):
+    together = torch.empty_like(query)
+    op(together, query, cache, tables, lens, 0.125, 0, 0.0)
+    for b in range(len(lens)):
+        alone = torch.empty_like(query[b:b + 1])
+        op(alone, query[b:b + 1], cache, tables[b:b + 1], lens[b:b + 1], 0.125, 0, 0.0)
+        assert torch.equal(together[b:b + 1], alone), b
+    return together
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompts_rows_attended_together_equal_each_alone(in_place, dtype):
+    """A prompt chunk's rows are attended in groups that read each tile of the prefix once
+    (paged_decode_simd.h attend_range_rows): each row's output is the bits it has alone, and
+    matches the reference."""
+    query, cache, tables, lens = _prompt_rows_batch(dtype)
+    out = _each_alone(in_place.op, query, cache, tables, lens)
+    starts = list(range(len(lens) + 1))
+    expected = paged_attention_reference(query, cache, starts, lens.tolist(), tables, 0.125)
+    torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["avx2", "portable"])
+def test_prompt_rows_on_other_instruction_sets_equal_each_alone(variant, tmp_path):
+    from kernel_variants import build_variant
+
+    ops = build_variant(extension.SOURCE, variant, tmp_path)
+    for dtype, kv in ((torch.float32, None), (torch.bfloat16, None), (torch.float32, "int8")):
+        query, cache, tables, lens = _prompt_rows_batch(dtype, kv)
+        _each_alone(ops.paged_decode, query, cache, tables, lens)

@@ -151,5 +151,60 @@ void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t gr
   }
 }
 
+// attend_range for `count` queries of one request that start their range at the same `lo` (a
+// prompt's consecutive tokens laid out as decode rows: one block-table row, query i's range ending
+// at his[i]): each tile's rows are found and prefetched once, and each KV head's share of the tile
+// is taken by every query whose range covers it while it is in L1, so a prompt chunk reads its
+// prefix once per tile instead of once per query. Each query gets exactly the attend_tile calls
+// attend_range would make for it alone (the same tiles and counts, heads in the same order), so
+// its m, l and acc are the same bits.
+template <typename T, int64_t kD, int64_t kG>
+void attend_range_rows(const Rows& rows, int64_t count, const float* const* q, int64_t head_dim, int64_t group,
+                       float soft_cap, int64_t lo, const int64_t* his, float* const* m, float* const* l,
+                       float* const* acc) {
+  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, H = rows.num_kv_heads, W = rows.row;
+  const int64_t row_stride = H * W;
+  const T* cache = static_cast<const T*>(rows.cache);
+  int64_t hi = lo;
+  for (int64_t i = 0; i < count; ++i) {
+    std::fill(acc[i], acc[i] + H * G * D, 0.0f);
+    std::fill(m[i], m[i] + H * G, -INFINITY);
+    std::fill(l[i], l[i] + H * G, 0.0f);
+    hi = std::max(hi, his[i]);
+  }
+  const int64_t bs = rows.block_size, row_bytes = row_stride * static_cast<int64_t>(sizeof(T));
+  const int64_t half_bytes = rows.kv_half * static_cast<int64_t>(sizeof(T));
+  int64_t reading_block = lo / bs, reading_offset = lo % bs, prefetch_block = reading_block, prefetch_offset = reading_offset;
+  const auto next_row = [&](int64_t& block, int64_t& offset) {
+    const T* row = cache + (static_cast<int64_t>(rows.table[block]) * bs + offset) * row_stride;
+    if (++offset == bs) offset = 0, ++block;
+    return row;
+  };
+  const auto prefetch = [&](int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const char* row = reinterpret_cast<const char*>(next_row(prefetch_block, prefetch_offset));
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+        _mm_prefetch(row + byte, _MM_HINT_T1);
+        _mm_prefetch(row + half_bytes + byte, _MM_HINT_T1);
+      }
+    }
+  };
+  prefetch(std::min<int64_t>(kTile, hi - lo));
+  const T* key[kTile];
+  for (int64_t pos = lo; pos < hi; pos += kTile) {
+    const int64_t n = std::min<int64_t>(kTile, hi - pos);
+    const int64_t ahead = std::max<int64_t>(0, std::min<int64_t>(kTile, hi - pos - kTile));
+    for (int64_t t = 0; t < n; ++t) key[t] = next_row(reading_block, reading_offset);
+    for (int64_t h = 0; h < H; ++h) {
+      prefetch(ahead * (h + 1) / H - ahead * h / H);
+      for (int64_t i = 0; i < count; ++i) {
+        if (his[i] <= pos) continue;
+        attend_tile<T, kD, kG>(key, std::min<int64_t>(kTile, his[i] - pos), h * W, rows.kv_half, q[i] + h * G * D, D,
+                               G, soft_cap, m[i] + h * G, l[i] + h * G, acc[i] + h * G * D);
+      }
+    }
+  }
+}
+
 }  // namespace paged_decode_simd
 #endif  // SY_VEC16
