@@ -45,6 +45,10 @@ class Capabilities:
     block_sizes: tuple[int, ...]
     mixed_prefill_decode: bool = True
     prefix_caching: bool = True
+    # It may copy a cached block's first KV slots into another block before a step (a prefix hit
+    # matched to the token, core/kv KVCopy, ModelRunner.copy_kv); False (static-shape graphs, where
+    # each copy's indices would compile a graph): prefix hits stop at the last full block.
+    partial_prefix_hits: bool = True
     graph_mode: bool = False
     static_shapes: bool = False
     attention_impl: str = ""  # which kernel and why, printed by `switchyard backends`

@@ -113,6 +113,8 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if config.cache.enable_prefix_caching and not caps.prefix_caching:
         logger.info("prefix caching off: backend %r does not support it", backend)
         config = replace(config, cache=replace(config.cache, enable_prefix_caching=False))
+    if config.cache.partial_prefix_hits and not caps.partial_prefix_hits:
+        config = replace(config, cache=replace(config.cache, partial_prefix_hits=False))
     if config.scheduler.mixed_prefill_decode and not caps.mixed_prefill_decode:
         logger.info("steps are prefill-only or decode-only: backend %r cannot mix them", backend)
         config = replace(config, scheduler=replace(config.scheduler, mixed_prefill_decode=False))

@@ -88,6 +88,9 @@ class CacheConfig:
     max_auto_blocks: int = 16384
     # Hash full prompt blocks and reuse them across requests (--disable-prefix-caching turns it off).
     enable_prefix_caching: bool = True
+    # ... and, after them, the first slots of a cached block that begin like the request's next
+    # tokens, copied (core/kv KVCopy); off where the backend cannot (Capabilities.partial_prefix_hits).
+    partial_prefix_hits: bool = True
 
 
 @dataclass(frozen=True)

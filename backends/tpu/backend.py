@@ -91,7 +91,8 @@ class TpuBackend(ProcessGroupShards, Backend):
     def capabilities(self) -> Capabilities:
         on_tpu = tpu_visible()
         return Capabilities(dtypes=("float32", "bfloat16"), block_sizes=(8, 16, 32, 64, 128),
-                            mixed_prefill_decode=True, prefix_caching=True, graph_mode=True,
+                            mixed_prefill_decode=True, prefix_caching=True, partial_prefix_hits=False,
+                            graph_mode=True,
                             static_shapes=True, attention_impl=PALLAS_ATTENTION_IMPL if on_tpu else XLA_ATTENTION_IMPL,
                             unshardable_reason="" if on_tpu else PJRT_CPU_UNSHARDABLE,
                             pooling=False)  # its static-shape runner hands back logits only (runner.py)

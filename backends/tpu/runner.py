@@ -79,6 +79,10 @@ class StaticShapeRunner(ModelRunner):
         self.warm_up_seconds = 0.0
 
     @torch.no_grad()  # torch_xla refuses inference tensors
+    def copy_kv(self, copies) -> None:
+        self.copy_slots(copies)
+
+    @torch.no_grad()  # torch_xla refuses inference tensors
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, tuple[str, ...]]:
         host = build_step_input(scheduler_output, self.block_size, torch.device("cpu"))
         step, num_logits = pad_step(host, self.buckets)

@@ -163,7 +163,11 @@ class ModelRunner:
     def copy_kv(self, copies) -> None:
         """Partial prefix hits (core/kv KVCopy): each copy's first slots of its source block into
         its target block, in every layer; before the step computes, on every shard. A cache is
-        [2, num_blocks, block_size, ...] (AttentionSpec.cache_shape) on every backend."""
+        [2, num_blocks, block_size, ...] (AttentionSpec.cache_shape) on every backend. (A runner
+        whose execute runs outside inference mode overrides this to do the same: copy_slots.)"""
+        self.copy_slots(copies)
+
+    def copy_slots(self, copies) -> None:
         for copy in copies:
             for cache in self.kv_caches:
                 cache[:, copy.target, :copy.num_slots] = cache[:, copy.source, :copy.num_slots]

@@ -61,12 +61,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, block_pool: BlockPool, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, block_pool: BlockPool, block_size: int, enable_prefix_caching: bool = True,
+                 partial_hits: bool = True):
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_pool = block_pool
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.partial_hits = partial_hits  # partial_hit looks up (Capabilities.partial_prefix_hits)
         self._unconfirmed: list[tuple[int, bytes]] = []  # (block, hash) cached since the last confirm()
         self._copies: list[KVCopy] = []  # partial hits' copies since the last take_copies()
 
@@ -119,7 +121,7 @@ class KVCacheManager:
         """After `computed_blocks` (get_computed_blocks), a cached block whose first slots hold
         the request's next tokens, and how many (so that at most num_tokens - 1 tokens come
         from the cache); None when there is none (see the module docstring)."""
-        if not self.looks_up(request) or request.image_spans or not self.enable_prefix_caching:
+        if not (self.partial_hits and self.enable_prefix_caching and self.looks_up(request)) or request.image_spans:
             return None
         start = len(computed_blocks) * self.block_size
         stop = min(start + self.block_size, request.num_tokens - 1)

@@ -71,7 +71,8 @@ class Scheduler:
         """The configured policy; the engine has already narrowed `config` to what its backend
         can do (core/capabilities.py) and built the speculator (core/spec/build.py), if any."""
         return cls(config.scheduler, KVCacheManager(BlockPool(num_blocks), config.cache.block_size,
-                                                    config.cache.enable_prefix_caching), speculator,
+                                                    config.cache.enable_prefix_caching,
+                                                    config.cache.partial_prefix_hits), speculator,
                    config.lora.max_loras if config.lora.enabled else None)
 
     # ---- admission -------------------------------------------------------------

@@ -180,3 +180,9 @@ def test_the_cli_says_it_in_one_line_and_exits_2(command, capsys):
     errors = [line for line in err.splitlines() if line.startswith("switchyard: error:")]
     assert errors == [("switchyard: error: backend 'cpu' does not support dtype 'float16'; "
                        "it supports: float32, bfloat16")] and "Traceback" not in err
+
+
+def test_partial_prefix_hits_are_off_where_the_backend_cannot_copy_slots():
+    settled = check_capabilities("b", replace(CAPS, partial_prefix_hits=False), EngineConfig())
+    assert settled.cache.enable_prefix_caching and not settled.cache.partial_prefix_hits
+    assert check_capabilities("b", CAPS, EngineConfig()).cache.partial_prefix_hits

@@ -48,10 +48,10 @@ def scripted_sampler(scripts: dict[str, list[int]], prompt_lens: dict[str, int],
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_batched_tokens: int = 64,
                    max_num_seqs: int = 8, mixed_prefill_decode: bool = True, enable_prefix_caching: bool = True,
-                   **policy) -> Scheduler:
+                   partial_hits: bool = True, **policy) -> Scheduler:
     config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                              mixed_prefill_decode=mixed_prefill_decode, **policy)
-    return Scheduler(config, KVCacheManager(BlockPool(num_blocks), block_size, enable_prefix_caching))
+    return Scheduler(config, KVCacheManager(BlockPool(num_blocks), block_size, enable_prefix_caching, partial_hits))
 
 
 def make_request(request_id: str, prompt: list[int] | int, max_tokens: int | None = 8,

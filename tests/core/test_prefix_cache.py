@@ -108,6 +108,14 @@ def test_no_partial_hit_without_prefix_caching_or_from_a_block_of_this_step():
     scheduler.add_request(make_request("b", PREFIX[:22] + [5], max_tokens=2))
     runner.run_until_done()
     assert all(not o.kv_copies for o in runner.outputs)
+    # a backend that cannot copy slots (Capabilities.partial_prefix_hits: TPU's static graphs)
+    scheduler = make_scheduler(block_size=4, partial_hits=False)
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(make_request("a", PREFIX, max_tokens=2))
+    runner.run_until_done()
+    scheduler.add_request(again := make_request("b", PREFIX[:22] + [5], max_tokens=2))
+    runner.run_until_done()
+    assert all(not o.kv_copies for o in runner.outputs) and again.num_cached_tokens == 20
     # two prompts admitted in one step: the second shares the first's full blocks, but never
     # copies from a block whose keys and values this very step writes (FakeRunner checks it)
     scheduler = make_scheduler(block_size=4)
