@@ -98,66 +98,19 @@ inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t 
   for (int64_t i = 0; i < G * C; ++i) vec16::store(acc + 16 * i, a[i]);
 }
 
-// Attention of every query head (q [H * G * D], float32, already scaled) over positions
-// [lo, hi) of the request; writes the running max m[H * G], sum l[H * G] and unnormalised
-// acc[H * G * D]. A tile's rows hold all KV heads side by side, so the heads are taken one
-// after the other on the same tile, which then stays in the core's cache.
-template <typename T, int64_t kD, int64_t kG>
-void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t group, float soft_cap, int64_t lo,
-                  int64_t hi, float* m, float* l, float* acc) {
-  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, H = rows.num_kv_heads, W = rows.row;
-  const int64_t row_stride = H * W;
-  const T* cache = static_cast<const T*>(rows.cache);
-  std::fill(acc, acc + H * G * D, 0.0f);
-  std::fill(m, m + H * G, -INFINITY);
-  std::fill(l, l + H * G, 0.0f);
-  const int64_t bs = rows.block_size, row_bytes = row_stride * static_cast<int64_t>(sizeof(T));
-  const int64_t half_bytes = rows.kv_half * static_cast<int64_t>(sizeof(T));
-  // Blocks lie anywhere in the cache, so the hardware prefetcher cannot guess the next one:
-  // each tile's rows (keys and values) are prefetched into L2 while the tile before is
-  // worked on, a share before each KV head's work, so the misses overlap the arithmetic
-  // (2-core Zen 4, 64 requests of ~160 positions, 30 layers: 21 -> 14 ms; into L1, or all
-  // at once at the tile's start, stalls on the misses instead).
-  // a place in the request's rows, walked in order through the block table
-  struct Cursor {
-    int64_t block, offset;
-  };
-  const auto next_row = [&](Cursor& at) {
-    const T* row = cache + (static_cast<int64_t>(rows.table[at.block]) * bs + at.offset) * row_stride;
-    if (++at.offset == bs) at.offset = 0, ++at.block;
-    return row;
-  };
-  Cursor reading{lo / bs, lo % bs}, prefetching = reading;
-  const auto prefetch = [&](int64_t count) {
-    for (int64_t i = 0; i < count; ++i) {
-      const char* row = reinterpret_cast<const char*>(next_row(prefetching));
-      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-        _mm_prefetch(row + byte, _MM_HINT_T1);
-        _mm_prefetch(row + half_bytes + byte, _MM_HINT_T1);
-      }
-    }
-  };
-  prefetch(std::min<int64_t>(kTile, hi - lo));
-  const T* key[kTile];
-  for (int64_t pos = lo; pos < hi; pos += kTile) {
-    const int64_t n = std::min<int64_t>(kTile, hi - pos);
-    const int64_t ahead = std::max<int64_t>(0, std::min<int64_t>(kTile, hi - pos - kTile));  // the next tile's rows
-    for (int64_t t = 0; t < n; ++t) key[t] = next_row(reading);
-    for (int64_t h = 0; h < H; ++h) {
-      prefetch(ahead * (h + 1) / H - ahead * h / H);
-      attend_tile<T, kD, kG>(key, n, h * W, rows.kv_half, q + h * G * D, D, G, soft_cap, m + h * G, l + h * G,
-                             acc + h * G * D);
-    }
-  }
-}
-
-// attend_range for `count` queries of one request that start their range at the same `lo` (a
+// Attention (as attend_range) for `count` queries of one request that start their range at the same `lo` (a
 // prompt's consecutive tokens laid out as decode rows: one block-table row, query i's range ending
 // at his[i]): each tile's rows are found and prefetched once, and each KV head's share of the tile
 // is taken by every query whose range covers it while it is in L1, so a prompt chunk reads its
 // prefix once per tile instead of once per query. Each query gets exactly the attend_tile calls
 // attend_range would make for it alone (the same tiles and counts, heads in the same order), so
-// its m, l and acc are the same bits.
+// its m, l and acc are the same bits. A tile's rows hold all KV heads side by side, so the heads
+// are taken one after the other on the same tile, which then stays in the core's cache.
+// Blocks lie anywhere in the cache, so the hardware prefetcher cannot guess the next one: each
+// tile's rows (keys and values) are prefetched into L2 while the tile before is worked on, a
+// share before each KV head's work, so the misses overlap the arithmetic (2-core Zen 4, 64
+// requests of ~160 positions, 30 layers: 21 -> 14 ms; into L1, or all at once at the tile's
+// start, stalls on the misses instead).
 template <typename T, int64_t kD, int64_t kG>
 void attend_range_rows(const Rows& rows, int64_t count, const float* const* q, int64_t head_dim, int64_t group,
                        float soft_cap, int64_t lo, const int64_t* his, float* const* m, float* const* l,
@@ -204,6 +157,15 @@ void attend_range_rows(const Rows& rows, int64_t count, const float* const* q, i
       }
     }
   }
+}
+
+// Attention of every query head (q [H * G * D], float32, already scaled) over positions
+// [lo, hi) of the request; writes the running max m[H * G], sum l[H * G] and unnormalised
+// acc[H * G * D]: attend_range_rows for one query.
+template <typename T, int64_t kD, int64_t kG>
+void attend_range(const Rows& rows, const float* q, int64_t head_dim, int64_t group, float soft_cap, int64_t lo,
+                  int64_t hi, float* m, float* l, float* acc) {
+  attend_range_rows<T, kD, kG>(rows, 1, &q, head_dim, group, soft_cap, lo, &hi, &m, &l, &acc);
 }
 
 }  // namespace paged_decode_simd
