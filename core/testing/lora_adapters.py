@@ -24,9 +24,15 @@ def default_model_adapter(path, rank: int, targets: list[str], seed: int = 0, sc
     peft_model = get_peft_model(model, PeftLoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets,
                                                       layers_to_transform=layers, lora_dropout=0.0))
     peft_model.to_empty(device="cpu")
+    fill_lora_weights(peft_model, seed, scale)
+    peft_model.save_pretrained(str(path))
+
+
+def fill_lora_weights(peft_model, seed: int, scale: float) -> None:
+    """Every LoRA matrix of a PEFT model drawn from N(0, scale^2) (PEFT starts B at zero, which
+    would make the adapter a no-op)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * scale)
-    peft_model.save_pretrained(str(path))

@@ -13,6 +13,7 @@ from switchyard.core.engine.core import EngineCore
 from switchyard.core.lora.targets import peft_target
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
+from switchyard.core.testing.lora_adapters import fill_lora_weights
 
 BLOCK_SIZE = 4
 ATTENTION_AND_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -60,11 +61,7 @@ def make_adapter(base_dir: str, path, seed: int, r: int = 4, alpha: int = 8, tar
 
     peft_model = get_peft_model(load_base(base_dir), PeftLoraConfig(
         r=r, lora_alpha=alpha, target_modules=targets or ATTENTION_AND_MLP, lora_dropout=0.0, **lora_options))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    fill_lora_weights(peft_model, seed, scale)
     peft_model.save_pretrained(str(path))
     return peft_model.merge_and_unload().eval()
 
