@@ -127,7 +127,7 @@ class KVCacheManager:
         stop = min(start + self.block_size, request.num_tokens - 1)
         if stop <= start:
             return None
-        parent = request.block_hashes[len(computed_blocks) - 1] if computed_blocks else root_hash(self._salt(request))
+        parent = self._parent_hash(request, len(computed_blocks))
         unconfirmed = {block_id for block_id, _ in self._unconfirmed}
         return self.block_pool.partial_match(parent, request.token_slice(start, stop), unconfirmed)
 
@@ -180,7 +180,7 @@ class KVCacheManager:
             block_id, block_hash = request.block_ids[index], request.block_hashes[index]
             parent, tokens = None, ()  # with images a block's key is more than its tokens: no partial hits on it
             if not request.image_spans:
-                parent = request.block_hashes[index - 1] if index else root_hash(self._salt(request))
+                parent = self._parent_hash(request, index)
                 tokens = tuple(request.token_slice(index * size, (index + 1) * size))
             if self.block_pool.cache_block(block_id, block_hash, parent, tokens) and not confirmed:
                 self._unconfirmed.append((block_id, block_hash))
@@ -203,6 +203,10 @@ class KVCacheManager:
             surplus = request.block_ids[keep:]
             del request.block_ids[keep:]
             self.block_pool.free(reversed(surplus))
+
+    def _parent_hash(self, request: Request, index: int) -> bytes:
+        """The hash block `index` of the request chains from (its hashes up to index - 1 made)."""
+        return request.block_hashes[index - 1] if index else root_hash(self._salt(request))
 
     def _extend_hashes(self, request: Request, num_tokens: int) -> None:
         if len(request.block_hashes) < num_tokens // self.block_size:
