@@ -3,11 +3,12 @@
 # both at once), each driven by the peers' load generator (/work/shared/peers/bench_openai.py),
 # with the peak RSS of each server's whole process tree (issue 25).
 #
-#   benchmarks/gguf_side_by_side.sh build [avx2]   # llama-server, -quantize, -perplexity; converter + bench venvs
+#   benchmarks/gguf_side_by_side.sh build [avx2|avx512]   # llama-server, -quantize, -perplexity; converter + bench venvs
 #   benchmarks/gguf_side_by_side.sh FILE.gguf [extra `switchyard serve` args...]
 #
 # `build` builds llama.cpp for this CPU into $PEERS/llama-server-build; `build avx2` builds it at
-# the AVX2 level (no AVX-512, whatever the CPU has) into $PEERS/llama-avx2-build, to compare at
+# the AVX2 level (no AVX-512, whatever the CPU has) into $PEERS/llama-avx2-build, and `build
+# avx512` at the AVX-512 level without VNNI, BF16 or AMX into $PEERS/llama-avx512-build, to compare at
 # one ISA level (see /work/shared/peers/README.md). LLAMA_BUILD picks the build folder that
 # serves (default $PEERS/llama-server-build), e.g. LLAMA_BUILD=$PEERS/llama-avx2-build.
 #
@@ -48,8 +49,11 @@ if [ "${1:-}" = build ]; then
   if [ "$ISA" = avx2 ]; then
     BUILD=$PEERS/llama-avx2-build
     ARCH="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+  elif [ "$ISA" = avx512 ]; then
+    BUILD=$PEERS/llama-avx512-build
+    ARCH="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
   elif [ "$ISA" != native ]; then
-    echo "unknown ISA level $ISA (native | avx2)"; exit 1
+    echo "unknown ISA level $ISA (native | avx2 | avx512)"; exit 1
   elif grep -q amx_tile /proc/cpuinfo; then
     BUILD=$PEERS/llama-server-build
     ARCH="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"

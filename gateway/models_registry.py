@@ -57,8 +57,8 @@ logger = logging.getLogger("switchyard.models")
 # `model` values that mean "the default model" (gateway/openai/common.py's placeholders)
 _DEFAULT_NAMES = ("", "default", "tgi", "dummy")
 MODEL_HEADER = "x-model"  # TGI routes: the model named in this header, or in ?model=
-_FILE_KEYS = {"name", "source", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens", "priority",
-              "cpus", "task", "pooling"}
+_FILE_KEYS = {"name", "source", "mmproj", "dtype", "quantize", "replicas", "shards", "max_batch_total_tokens",
+              "priority", "cpus", "task", "pooling"}
 PRIORITIES = ("normal", "background")
 
 
@@ -229,7 +229,7 @@ class ModelIds(argparse.Action):
 def add_model_flags(parser: argparse.ArgumentParser, environ) -> None:
     parser.set_defaults(extra_models=[])
     parser.add_argument("--models", default=environ.get("MODELS_FILE") or None,
-                        help="a YAML file listing the models to serve (name, source, dtype, quantize, replicas, "
+                        help="a YAML file listing the models to serve (name, source, mmproj, dtype, quantize, replicas, "
                         "shards, max_batch_total_tokens, priority: normal|background, cpus: \"0-3\"); the first "
                         "is the default [env: MODELS_FILE]")
     parser.add_argument("--max-loaded-models", type=int, default=None,
@@ -246,6 +246,9 @@ def model_specs(args: argparse.Namespace, config: EngineConfig, default_name: st
     if args.models is not None:
         if args.extra_models:
             raise ValidationError("give the models either with --model-id (repeated) or with --models, not both")
+        if config.model.mmproj is not None:
+            raise ValidationError("with --models, give a vision model's mmproj file as its entry's `mmproj` key, "
+                                  "not --mmproj")
         return _file_specs(args.models, config, args.data_parallel_size)
     specs = [ModelSpec(default_name, config, args.data_parallel_size)]
     for source in args.extra_models:  # the LoRA flags name adapters of the default model only
@@ -273,7 +276,11 @@ def _file_specs(path: str, config: EngineConfig, replicas: int) -> list[ModelSpe
         if unknown:
             raise ValidationError(f"--models {path}: model {item['name']!r} has unknown keys "
                                   f"{', '.join(sorted(unknown))} (known: {', '.join(sorted(_FILE_KEYS))})")
-        model = replace(config.model, model=item.get("source", item["name"]), dtype=item.get("dtype", config.model.dtype),
+        mmproj = item.get("mmproj")  # llama.cpp's vision tower file beside a GGUF source (--mmproj's)
+        if mmproj is not None and not isinstance(mmproj, str):
+            raise ValidationError(f"--models {path}: model {item['name']!r} has mmproj {mmproj!r} (a file path)")
+        model = replace(config.model, model=item.get("source", item["name"]), mmproj=mmproj,
+                        dtype=item.get("dtype", config.model.dtype),
                         quantize=item.get("quantize", config.model.quantize), **_task_keys(item, config, path))
         shards = int(item.get("shards", config.parallel.tensor_parallel_size))
         parallel = replace(config.parallel, tensor_parallel_size=shards)

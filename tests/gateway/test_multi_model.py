@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from switchyard.core.engine.client_base import EngineClient
-from switchyard.core.config import EngineConfig
+from switchyard.core.config import EngineConfig, ModelConfig
 from switchyard.core.params import ValidationError
 from switchyard.gateway.cli import build_parser
 from switchyard.gateway.errors import GatewayError
@@ -127,6 +127,15 @@ def test_models_come_from_repeated_model_ids_or_a_file(tmp_path):
     assert big.config.model.model == "/m/big" and big.config.model.dtype == "bfloat16"
     assert big.replicas == 2 and big.config.parallel.tensor_parallel_size == 2 and big.config.cache.num_blocks == 65
     assert not small.config.serve_in_background and not big.config.serve_in_background
+    models.write_text("- name: vlm\n  source: /m/text.gguf\n  mmproj: /m/mmproj.gguf\n- name: text\n")
+    vlm, text = model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "vlm")
+    assert vlm.config.model.mmproj == "/m/mmproj.gguf" and text.config.model.mmproj is None
+    with pytest.raises(ValidationError, match="entry's `mmproj` key"):  # a file's models each say their own
+        model_specs(parser.parse_args(["serve", "--models", str(models), "--mmproj", "/m/mmproj.gguf"]),
+                    EngineConfig(model=ModelConfig(mmproj="/m/mmproj.gguf")), "vlm")
+    models.write_text("- name: x\n  mmproj: [1]\n")
+    with pytest.raises(ValidationError, match="a file path"):
+        model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
     models.write_text("- name: x\n- name: y\n  priority: background\n")
     x, y = model_specs(parser.parse_args(["serve", "--models", str(models)]), EngineConfig(), "x")
     assert not x.config.serve_in_background and y.config.serve_in_background
