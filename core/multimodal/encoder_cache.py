@@ -1,9 +1,10 @@
 """Image embeddings by content hash, so that an image is encoded once however its prompt is
 chunked, and once for every request that sends it while it stays cached.
 
-Bounded by the embedding rows it holds (least recently used out first). It is only a cache: the
-pixels travel with every scheduled chunk (ScheduledRequest.images), so an evicted image is
-encoded again, never missing."""
+Keyed by ImageSpan.content_hash (ImageData.key: the bytes' hash, and whether it is split).
+Bounded by the embedding rows it holds (least recently used out first). It is only a cache: every
+scheduled chunk carries its images' spans (ScheduledRequest.images) and their pixels (made when
+first needed, pixels.py), so an evicted image is encoded again, never missing."""
 from __future__ import annotations
 
 from collections import OrderedDict

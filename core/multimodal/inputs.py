@@ -2,45 +2,56 @@
 fills a request's `ImageSpan`s, the scheduler reads them (prefix-cache keys, which images a chunk
 touches).
 
-`content_hash` (sha256 of the image's encoded bytes, hex) names the image everywhere: it keys
-the encoder cache, and it is mixed into the prefix-cache hash of every KV block an image's
-placeholder tokens touch, so two prompts with equal placeholder tokens but different images
-never share KV blocks, and the same image does."""
+`ImageData.key` (the sha256 of the image's encoded bytes, hex, and how it is to be prepared: split
+into tiles or not) names the image everywhere: it keys the memo of placeholder expansions and the
+encoder cache, and it is mixed into the prefix-cache hash of every KV block an image's placeholder
+tokens touch (as `ImageSpan.content_hash`), so two prompts with equal placeholder tokens but
+different images never share KV blocks, and the same image does."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class ImageData:
     """One image of a request, as the gateway validated it (Pillow read its header, checked its
-    size): the encoded bytes, decoded again in the engine process."""
+    size): the encoded bytes, decoded again in the engine process. `split`: the image processor
+    may cut it into tiles (the default; Idefics3's do_image_splitting); False: one downscaled view
+    only, far fewer image tokens (the gateway's reading of OpenAI's detail "low")."""
 
     data: bytes
     content_hash: str
     width: int
     height: int
     format: str  # Pillow's name: "PNG", "JPEG", ...
+    split: bool = True
 
     @classmethod
-    def of(cls, data: bytes, width: int, height: int, format: str) -> ImageData:
-        return cls(data, hashlib.sha256(data).hexdigest(), width, height, format)
+    def of(cls, data: bytes, width: int, height: int, format: str, split: bool = True) -> ImageData:
+        return cls(data, hashlib.sha256(data).hexdigest(), width, height, format, split)
+
+    @property
+    def key(self) -> str:
+        """The image as the engine prepares it: its content hash, marked when it is not split
+        (the same bytes unsplit are other image tokens and other embeddings)."""
+        return self.content_hash if self.split else f"{self.content_hash}/unsplit"
 
 
 @dataclass(frozen=True)
 class ImageSpan:
     """Where one image sits in a request's expanded prompt: positions [offset, offset + length)
     are its placeholder (the model's image tokens and the markers around them); the positions
-    offset + r, r in `embed_offsets`, take the rows of its encoder output, in order. `pixels` is
-    the image processor's output for it (the engine's, opaque here)."""
+    offset + r, r in `embed_offsets`, take the rows of its encoder output, in order.
+    `content_hash` is its ImageData.key. `pixels` is the image processor's output for it, made
+    when the encoder first needs it (core/multimodal/pixels.py `Pixels`; opaque here)."""
 
     offset: int
     length: int
     content_hash: str
     embed_offsets: tuple[int, ...]
-    pixels: Any = None
+    pixels: Any = field(default=None, compare=False, repr=False)  # not what the span is, what it is made of
 
     @property
     def end(self) -> int:

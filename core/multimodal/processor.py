@@ -5,15 +5,20 @@ image into its frames, and its placeholder token in the prompt into the model's 
 global view), tokenized with the model's tokenizer.
 
 It runs in the engine process at add_request, before the scheduler sees the request, so the
-scheduler, the KV cache and the prefix cache see the expanded prompt and its `ImageSpan`s."""
+scheduler, the KV cache and the prefix cache see the expanded prompt and its `ImageSpan`s. An
+image whose expansion is known already (by ImageData.key) is not processed there: its pixels are
+made only if the vision tower has to run on it (pixels.py)."""
 from __future__ import annotations
 
 import io
 import logging
+from collections import OrderedDict
+from functools import partial
 from typing import Any
 
 from ..params import ValidationError
 from .inputs import ImageData, ImageSpan
+from .pixels import Pixels
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +60,42 @@ def processor_from_config(processor_config: dict[str, Any], tokenizer_files: tup
                              image_seq_len=processor_config["image_seq_len"])
 
 
-class ImagePrompts:
-    """Expands a request's image placeholders and prepares its images' pixels."""
+class ExpansionMemo:
+    """The token ids of an image's placeholder expansion by ImageData.key, least recently used
+    out first: the expansion depends only on the image and the processor, and it is all that
+    add_request needs of an image (no pixels here)."""
 
-    def __init__(self, hf_processor: Any, image_token_id: int):
+    def __init__(self, max_entries: int = 256):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def get(self, key: str) -> tuple[int, ...] | None:
+        tokens = self._entries.get(key)
+        if tokens is not None:
+            self._entries.move_to_end(key)
+        return tokens
+
+    def put(self, key: str, tokens: tuple[int, ...]) -> None:
+        self._entries[key] = tokens
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+class ImagePrompts:
+    """Expands a request's image placeholders, and gives each image its pixels (`Pixels`).
+
+    An image seen before (its expansion in the memo) is not decoded nor processed here: its
+    pixels are made when the encoder first needs them (core/multimodal/pixels.py), which a
+    prefix-cache or encoder-cache hit spares. A new image is processed at once, which both proves
+    it readable (a ValidationError, the request's 400, not a failed step) and gives its expansion;
+    its frames stay on its span."""
+
+    def __init__(self, hf_processor: Any, image_token_id: int, memo_size: int = 256):
         self.processor = hf_processor
         self.image_token_id = image_token_id
         self.image_token: str = hf_processor.image_token  # the placeholder text, one per image
+        self.expansions = ExpansionMemo(memo_size)
 
     @classmethod
     def for_model(cls, model: Any, directory: str | None) -> ImagePrompts | None:
@@ -84,9 +118,9 @@ class ImagePrompts:
         previous = 0
         for index, (place, image) in enumerate(zip(places, request.images)):
             expanded.extend(ids[previous:place])
-            pixels, tokens = self._expand(image, index)
+            tokens, pixels = self._prepared(image, index)
             offsets = tuple(i for i, token in enumerate(tokens) if token == self.image_token_id)
-            spans.append(ImageSpan(len(expanded), len(tokens), image.content_hash, offsets, pixels))
+            spans.append(ImageSpan(len(expanded), len(tokens), image.key, offsets, pixels))
             expanded.extend(tokens)
             previous = place + 1
         expanded.extend(ids[previous:])
@@ -94,16 +128,36 @@ class ImagePrompts:
         request.image_spans = tuple(spans)
         request.images = ()  # the pixels are on the spans now
 
+    def _prepared(self, image: ImageData, index: int) -> tuple[tuple[int, ...], Pixels]:
+        """(its expansion's token ids, its pixels): from the memo, the pixels made later; else
+        processed now."""
+        tokens = self.expansions.get(image.key)
+        if tokens is not None:
+            return tokens, Pixels.later(partial(self.frames, image))
+        frames, expansion = self._expand(image, index)
+        tokens = tuple(expansion)
+        self.expansions.put(image.key, tokens)
+        return tokens, Pixels.ready(frames)
+
     def _expand(self, image: ImageData, index: int) -> tuple[Any, list[int]]:
         """(the image's frames [F, 3, S, S], the token ids of its placeholder's expansion)."""
         try:
-            picture = decode_image(image)
-            out = self.processor.image_processor(images=[[picture]], return_row_col_info=True, return_tensors="pt")
+            out = self._process(image)
         except Exception as exc:  # noqa: BLE001 - a failure on one image is that request's, not the engine's
             raise ValidationError(f"image {index} could not be prepared: {exc}", "images") from None
         text = self.processor.replace_image_token({"rows": out["rows"], "cols": out["cols"]}, 0)
         tokens = self.processor.tokenizer.encode(text, add_special_tokens=False)
         return out["pixel_values"][0], tokens
+
+    def frames(self, image: ImageData) -> Any:
+        """The image's frames [F, 3, S, S] (an image whose expansion is memoised: read before)."""
+        return self._process(image)["pixel_values"][0]
+
+    def _process(self, image: ImageData) -> Any:
+        """The image processor's output for one image (tiled, or with `split` False one view)."""
+        options = {} if image.split else {"do_image_splitting": False}
+        return self.processor.image_processor(images=[[decode_image(image)]], return_row_col_info=True,
+                                              return_tensors="pt", **options)
 
 
 def image_prompts_for(loaded: Any, backend: Any) -> ImagePrompts | None:

@@ -3,7 +3,8 @@
 The runner lays the step's requests out one after another (core/execution/runner.py
 order_for_attention); for each scheduled chunk and each image it touches (ScheduledRequest.images)
 the positions of the chunk that take that image's rows get them, from the encoder cache or the
-vision tower run now."""
+vision tower run now. That miss is the one place an image's pixels are asked for (pixels.py: made
+then where add_request did not make them)."""
 from __future__ import annotations
 
 import torch
@@ -21,7 +22,7 @@ def spliced_embeddings(model, input_ids: torch.Tensor, ordered: list[ScheduledRe
         start, count = scheduled.num_computed_tokens, len(scheduled.token_ids)
         for span in scheduled.images:
             encoded = cache.get(span.content_hash,
-                                lambda span=span: model.encode_images(span.pixels.to(embeds.device)))
+                                lambda span=span: model.encode_images(span.pixels.frames().to(embeds.device)))
             if encoded.shape[0] != span.num_embeddings:
                 raise ValueError(f"the vision tower gave {encoded.shape[0]} rows for an image of "
                                  f"{span.num_embeddings} image tokens")

@@ -5,7 +5,7 @@ naming the first one past the limit."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from switchyard.core.multimodal.inputs import ImageData
 
@@ -19,11 +19,13 @@ from .policy import MediaPolicy
 @dataclass(frozen=True)
 class ImageRef:
     """One image part of a request: `url` (data: or http(s)), or `base64` data; `param` names the
-    part in the request (`messages.1.content.0`), for errors."""
+    part in the request (`messages.1.content.0`), for errors. `split`: ImageData.split (False
+    where the dialect asked for a low-detail image)."""
 
     param: str
     url: str | None = None
     base64: str | None = None
+    split: bool = True
 
 
 def check_count(refs: list[ImageRef], policy: MediaPolicy) -> None:
@@ -40,8 +42,10 @@ async def load_images(refs: list[ImageRef], policy: MediaPolicy) -> tuple[ImageD
 async def _load(ref: ImageRef, policy: MediaPolicy) -> ImageData:
     if ref.base64 is None and ref.url is not None and not is_data_url(ref.url):
         data = await fetch_image(ref.url, policy, ref.param)
-        return await asyncio.to_thread(read_image, data, policy, ref.param)
-    return await asyncio.to_thread(_read_inline, ref, policy)
+        image = await asyncio.to_thread(read_image, data, policy, ref.param)
+    else:
+        image = await asyncio.to_thread(_read_inline, ref, policy)
+    return image if ref.split else replace(image, split=False)
 
 
 def _read_inline(ref: ImageRef, policy: MediaPolicy) -> ImageData:

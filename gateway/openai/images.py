@@ -5,8 +5,9 @@ and the content parts a vision model's chat template reads (`{"type": "image"}` 
 goes, `{"type": "text"}` around them: transformers' convention, which its processors' templates
 render as the model's image token).
 
-`detail` (auto, low, high) is accepted and checked; the model's own image processor decides the
-resolution (Idefics3 tiles every image the same way), so it changes nothing yet."""
+`detail` (auto, low, high) is accepted and checked: "low" asks the engine not to split the image
+into tiles (ImageData.split False: Idefics3's global view only, far fewer image tokens); "auto"
+and "high" leave the model's image processor to decide (Idefics3 tiles every image)."""
 from __future__ import annotations
 
 from ..errors import invalid
@@ -39,7 +40,7 @@ def _ref(part: ContentPart, param: str) -> ImageRef:
     if detail is not None and detail not in _DETAILS:
         raise invalid(f"image_url.detail must be one of {', '.join(_DETAILS)}; got {detail!r}",
                       f"{param}.image_url.detail")
-    return ImageRef(param, url=url)
+    return ImageRef(param, url=url, split=detail != "low")
 
 
 def has_images(content) -> bool:

@@ -221,12 +221,20 @@ def test_anthropic_responses_and_tgi_read_images(serve):
                                          "data": base64.b64encode(picture).decode()}}]}]})
     assert anthropic.status_code == 200, anthropic.text
     assert anthropic.json()["content"][0]["text"] == expected
-    responses = httpx.post(base + "/v1/responses", timeout=60, json={
-        "model": MODEL, "max_output_tokens": 6, "temperature": 0, "input": [{"role": "user", "content": [
-            {"type": "input_text", "text": "what is this?"},
-            {"type": "input_image", "image_url": data_url(picture), "detail": "low"}]}]})
-    assert responses.status_code == 200, responses.text
-    assert responses.json()["output"][0]["content"][0]["text"] == expected
+    for detail in ("high", "low"):  # "low": one unsplit view of the image (ImageData.split), as chat's
+        responses = httpx.post(base + "/v1/responses", timeout=60, json={
+            "model": MODEL, "max_output_tokens": 6, "temperature": 0, "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "what is this?"},
+                {"type": "input_image", "image_url": data_url(picture), "detail": detail}]}]})
+        assert responses.status_code == 200, responses.text
+        if detail == "low":
+            low = image_chat(data_url(picture), text="what is this?")
+            low["messages"][0]["content"][1]["image_url"]["detail"] = "low"
+            low = httpx.post(base + "/v1/chat/completions", timeout=60, json=low).json()
+            assert low["usage"]["prompt_tokens"] < chat["usage"]["prompt_tokens"]
+            expected = low["choices"][0]["message"]["content"]
+        assert responses.json()["output"][0]["content"][0]["text"] == expected
+    expected = chat["choices"][0]["message"]["content"]
     bad = httpx.post(base + "/v1/messages", timeout=60, json={
         "model": MODEL, "max_tokens": 6, "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGVsbG8="}}]}]})
