@@ -12,7 +12,8 @@ benchmarks/lora_steps.py make_adapter) named at start. Rows, each after 4 warm-u
 - swapping: a second server with --max-loras 2, the same spread: every step may copy adapters into
   their slots (the LRU), so its ratio to `adapters` is what the swaps cost.
 Each request: a short prompt, --tokens output tokens forced (ignore_eos, min_tokens). Prints output
-tok/s per row and the ratios. Benchmark only an idle machine.
+tok/s per row and the ratios. Benchmark only an idle machine. The time of a run-time load, of a
+swap-in per request, and a load's effect on streams in flight: benchmarks/lora_swap.py.
 """
 from __future__ import annotations
 

@@ -3,14 +3,13 @@ were made from: the same tokens and the same logits, in one batch with the base 
 adapter itself.
 
 Two ways to make the file: llama.cpp's own converter (convert_lora_to_gguf.py, run by subprocess
-in its side environment: skipped where that is absent, as on CI), and a writer here that follows
-the converter's layout by hand (its names, token_embd's transposed lora_a, the q/k lora_b rows
-permuted as convert_hf_to_gguf's LlamaModel.permute does), independent of the reader's name table.
+in its side environment: skipped where that is absent, as on CI), and a writer that follows the
+converter's layout by hand (core/testing/lora_gguf.py: its names, token_embd's transposed lora_a,
+the q/k lora_b rows permuted as convert_hf_to_gguf's LlamaModel.permute does), independent of the
+reader's name table.
 """
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -19,62 +18,17 @@ import pytest
 import torch
 from lora_helpers import LogitsRecorder, make_adapter, make_engine, prompts, reference_greedy, run, save_base, \
     tiny_llama_config
-from safetensors.torch import load_file
 
 from switchyard.core.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig
 from switchyard.core.engine.core import EngineCore
 from switchyard.core.lora.adapter import LoraAdapterError
 from switchyard.core.params import SamplingParams
+from switchyard.core.testing.lora_gguf import stored, write_gguf_adapter
 
 PEERS = Path.home() / ".cache" / "switchyard-peers"
 CONVERT_PYTHON = PEERS / "convert-venv" / "bin" / "python"
 CONVERTER = PEERS / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "convert_lora_to_gguf.py"
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head"]
-# llama.cpp's names of the Hugging Face modules (gguf-py's tensor table, written out here by hand)
-LLAMA_CPP = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
-
-
-def llama_cpp_permute(weights: torch.Tensor, n_head: int) -> torch.Tensor:
-    """convert_hf_to_gguf's LlamaModel.permute (n_head: the heads of q, or of k)."""
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
-
-
-def llama_cpp_name(module: str) -> str:
-    if module == "model.embed_tokens":
-        return "token_embd.weight"
-    if module == "lm_head":
-        return "output.weight"
-    _, _, layer, rest = module.split(".", 3)  # model.layers.N.<rest>
-    return f"blk.{layer}.{LLAMA_CPP[rest]}.weight"
-
-
-def peft_pairs(peft_dir) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Hugging Face module -> (A, B) of a PEFT adapter."""
-    tensors = load_file(os.path.join(peft_dir, "adapter_model.safetensors"))
-    pairs = {}
-    for name, a in tensors.items():
-        for a_name, b_name in ((".lora_A.weight", ".lora_B.weight"), (".lora_embedding_A", ".lora_embedding_B")):
-            if name.endswith(a_name):
-                module = name.removesuffix(a_name).removeprefix("base_model.model.")
-                pairs[module] = (a, tensors[name.removesuffix(a_name) + b_name])
-    return pairs
-
-
-def stored(tensor: torch.Tensor, tensor_type: str):
-    """(data, raw dtype) of a tensor written as `tensor_type`; as the converter does, F16 where the
-    type's blocks do not divide its rows (Q8_0's 32 values)."""
-    import gguf
-
-    values = tensor.contiguous().numpy().astype(np.float32)
-    qtype = gguf.GGMLQuantizationType[tensor_type]
-    if qtype == gguf.GGMLQuantizationType.F32:
-        return values, None
-    if qtype == gguf.GGMLQuantizationType.F16 or values.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
-        return values.astype(np.float16), None
-    return gguf.quants.quantize(values, qtype), qtype
 
 
 def as_stored(tensor: torch.Tensor, tensor_type: str) -> torch.Tensor:
@@ -85,46 +39,6 @@ def as_stored(tensor: torch.Tensor, tensor_type: str) -> torch.Tensor:
     if raw_dtype is None:
         return torch.from_numpy(data.astype(np.float32))
     return torch.from_numpy(np.asarray(dequantize(data, raw_dtype), dtype=np.float32)).reshape(tensor.shape)
-
-
-def write_gguf_adapter(peft_dir, path, hf_config, *, tensor_type: str = "F32", header: dict | None = None,
-                       rename: dict | None = None, drop: tuple[str, ...] = ()) -> str:
-    """The PEFT adapter at `peft_dir` written as convert_lora_to_gguf.py writes it. `header` replaces
-    or (with None) removes metadata; `rename` and `drop` spoil tensor names, for the refusals."""
-    import gguf
-
-    with open(os.path.join(peft_dir, "adapter_config.json")) as file:
-        alpha = json.load(file)["lora_alpha"]
-    fields = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": float(alpha)}
-    fields.update(header or {})
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_float32(key, value)
-    for module, (a, b) in sorted(peft_pairs(peft_dir).items()):
-        if module.endswith("q_proj"):
-            b = llama_cpp_permute(b, hf_config.num_attention_heads)
-        elif module.endswith("k_proj"):
-            b = llama_cpp_permute(b, hf_config.num_key_value_heads)
-        if module.endswith("embed_tokens"):
-            a = a.t()
-        name = llama_cpp_name(module)
-        for suffix, tensor in ((".lora_a", a), (".lora_b", b)):
-            full = (rename or {}).get(name + suffix, name + suffix)
-            if full not in drop:
-                data, raw_dtype = stored(tensor, tensor_type)
-                writer.add_tensor(full, data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
 
 
 def logits_by_request(recorder: LogitsRecorder) -> dict[str, torch.Tensor]:
