@@ -128,9 +128,18 @@ class EngineCore:
 
     def load_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter at `path` as `name` (LoadLora); raises, changing nothing, if it cannot."""
+        self.serve_lora(self.read_lora(name, path))
+
+    def read_lora(self, name: str, path: str):
+        """The adapter at `path` read and checked, not yet served: touches no state a step uses,
+        so the engine loop runs it beside steps (core/engine/loop.py); then serve_lora."""
         if self.lora is None:
             raise ValidationError("LoRA adapters are not served (start with --enable-lora)")
-        self.lora.load(name, path)
+        return self.lora.read(name, path)
+
+    def serve_lora(self, adapter) -> None:
+        """Serve an adapter read_lora gave, between steps."""
+        self.lora.serve(adapter)
 
     def unload_lora(self, name: str) -> None:
         """New requests may no longer name `name` (UnloadLora); those in flight finish with it."""

@@ -10,7 +10,9 @@ fails the requests in flight (`StepFailed`) and the loop goes on."""
 from __future__ import annotations
 
 import logging
+import queue
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HEALTH_INTERVAL_S = 0.5
+ADAPTER_READ_POLL_S = 0.005  # while idle with an adapter being read beside (EngineLoop._lora)
 
 
 def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, object]],
@@ -89,6 +92,10 @@ class EngineLoop:
         self.tokenizer = tokenizer
         self.processor = OutputProcessor(tokenizer, engine.finish_request)
         self._request_ids: set[str] = set()  # added and not yet finished or aborted
+        # LoRA adapters read beside the steps (_lora): the reader, and the reads it finished
+        self._adapter_reader: ThreadPoolExecutor | None = None
+        self._adapters_read: queue.SimpleQueue[tuple[LoadLora, Future]] = queue.SimpleQueue()
+        self._adapter_reads = 0  # submitted, not yet served or refused
 
     def warm_up(self) -> None:
         """What the first requests would pay is paid here, before Ready: a step of prompt chunks as
@@ -113,7 +120,8 @@ class EngineLoop:
     def run(self) -> None:
         """Until Stop or the owner's end closes; always stops the engine's workers and shards."""
         try:
-            while self._apply_commands(wait=not self.engine.has_unfinished_requests()):
+            while self._apply_commands(self._idle_wait()):
+                self._serve_adapters_read()
                 self.engine.check_health()
                 if self.engine.has_unfinished_requests():
                     self._step()
@@ -124,6 +132,8 @@ class EngineLoop:
             logger.exception("the engine loop failed")
             self.channel.send(Dead(portable(exc)))
         finally:
+            if self._adapter_reader is not None:
+                self._adapter_reader.shutdown(wait=False, cancel_futures=True)
             self.engine.shutdown()
             if self.tracer is not None:
                 self.tracer.shutdown()  # flushes the last spans to the collector
@@ -136,11 +146,17 @@ class EngineLoop:
                           num_kv_blocks_total=pool.num_usable_blocks)
 
     # -- commands -----------------------------------------------------------------------
-    def _apply_commands(self, wait: bool) -> bool:
-        """Apply every queued command (waiting up to the health interval for the first if
-        `wait`); False once asked to stop or the owner is gone."""
+    def _idle_wait(self) -> float:
+        """How long to wait for a command before going on: not at all while requests run, briefly
+        while an adapter is being read (to serve it soon), else up to the health interval."""
+        if self.engine.has_unfinished_requests():
+            return 0.0
+        return ADAPTER_READ_POLL_S if self._adapter_reads else self.health_interval_s
+
+    def _apply_commands(self, timeout: float) -> bool:
+        """Apply every queued command (waiting up to `timeout` for the first); False once asked
+        to stop or the owner is gone."""
         applied = False
-        timeout = self.health_interval_s if wait else 0
         while True:
             try:
                 command = self.channel.recv(timeout)
@@ -196,17 +212,38 @@ class EngineLoop:
                 self.tracer.end(request_id, time.time_ns(), FinishReason.ABORT.value)
 
     def _lora(self, command: LoadLora | UnloadLora) -> None:
-        """Load or unload a LoRA adapter between steps (core/lora/manager.py); a bad adapter or an
-        unknown name is the caller's error and changes nothing."""
-        try:
-            if isinstance(command, LoadLora):
-                self.engine.load_lora(command.name, command.path)
-            else:
-                self.engine.unload_lora(command.name)
-        except Exception as exc:  # noqa: BLE001 - handed to the caller
-            self.channel.send(Settled(command.token, portable(exc)))
+        """Load or unload a LoRA adapter (core/lora/manager.py); a bad adapter or an unknown name
+        is the caller's error and changes nothing. While requests run, a load's files are read and
+        checked on a thread of their own, so the streams in flight do not wait for the disk
+        (benchmarks/lora_swap.py measures their gaps); the adapter is served between steps."""
+        if isinstance(command, LoadLora) and self.engine.has_unfinished_requests():
+            if self._adapter_reader is None:
+                self._adapter_reader = ThreadPoolExecutor(1, thread_name_prefix="lora-read")
+            self._adapter_reads += 1
+            future = self._adapter_reader.submit(self.engine.read_lora, command.name, command.path)
+            future.add_done_callback(lambda done: self._adapters_read.put((command, done)))
             return
-        self.channel.send(Settled(command.token, None))
+        self._settle(command.token, lambda: self.engine.load_lora(command.name, command.path)
+                     if isinstance(command, LoadLora) else self.engine.unload_lora(command.name))
+
+    def _serve_adapters_read(self) -> None:
+        """Between steps: serve the adapters read since the last step (or answer their refusal)."""
+        while self._adapter_reads:
+            try:
+                command, read = self._adapters_read.get_nowait()
+            except queue.Empty:
+                return
+            self._adapter_reads -= 1
+            self._settle(command.token, lambda: self.engine.serve_lora(read.result()))
+
+    def _settle(self, token: int, action: Callable[[], object]) -> None:
+        """Run `action` and answer the command `token` with its error (None when it worked)."""
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            self.channel.send(Settled(token, portable(exc)))
+            return
+        self.channel.send(Settled(token, None))
 
     def _compile(self, command: CompileGrammar) -> None:
         """On the engine's grammar workers; answered from their thread when done."""

@@ -67,7 +67,15 @@ class LoraManager:
 
     def load(self, name: str, path: str) -> LoraAdapter:
         """Serve the adapter at `path` as `name`; checked fully before anything changes."""
-        adapter = self.read(name, path)
+        return self.serve(self.read(name, path))
+
+    def serve(self, adapter: LoraAdapter) -> LoraAdapter:
+        """Serve an adapter `read` gave (perhaps on another thread, while steps ran): its name is
+        checked again, since another load or an unload may have come between."""
+        name = adapter.name
+        if name in self.adapters or name in self.retiring:
+            raise LoraAdapterError(f"LoRA adapter {name!r} is already loaded" if name in self.adapters else
+                                   f"LoRA adapter {name!r} is being unloaded: requests still use it")
         self.adapters[name] = adapter
         logger.info("LoRA adapter %r loaded from %s: rank %d, %d layers, %.1f MB", name, adapter.path,
                     adapter.rank, len(adapter.weights), adapter.nbytes / 1e6)

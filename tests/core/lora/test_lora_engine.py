@@ -2,6 +2,8 @@
 adapters, the prefix cache per adapter, and LoadLora / UnloadLora through the engine loop."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from lora_helpers import GREEDY, LogitsRecorder, make_adapter, make_engine, prompts, reference_greedy, run
 
@@ -128,6 +130,9 @@ def test_load_and_unload_through_the_engine_loop(llama_dir, adapters, tmp_path):
 
     def settle(command):
         loop._apply(command)
+        while not loop.channel.sent:  # a load while requests run is read beside the steps
+            time.sleep(0.005)
+            loop._serve_adapters_read()
         answer = loop.channel.sent.pop()
         assert isinstance(answer, Settled) and answer.token == command.token
         return answer.error
@@ -148,6 +153,15 @@ def test_load_and_unload_through_the_engine_loop(llama_dir, adapters, tmp_path):
     with pytest.raises(ValidationError, match="LoRA adapter 'a' was unloaded"):
         engine.add_request(Request("new", p, GREEDY, lora_name="a"))
     assert "being unloaded" in str(settle(LoadLora(6, "a", paths["b"])))
+    # a load while a request runs: read on the loop's reader thread, answered (served) between
+    # steps, and the steps go on meanwhile
+    loop._apply(LoadLora(9, "b", paths["b"]))
+    assert loop.channel.sent == [] and loop._adapter_reads == 1
+    first += [t for out in engine.step() for t in out.new_token_ids]
+    while loop._adapter_reads:
+        time.sleep(0.005)
+        loop._serve_adapters_read()
+    assert loop.channel.sent.pop() == Settled(9, None) and "b" in engine.lora.names
     tokens = first + run(engine, [])["running"]
     assert tokens == reference_greedy(merged["a"], p, len(tokens))
     assert "a" not in engine.lora.retiring and engine.lora.resident == ()  # dropped with its last request
