@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 
-from start_time import _free_port
+from switchyard.core.testing.serving import free_port
 
 PROMPTS = ["Name a fruit.", "What is two plus two?", "Say hello in French.", "Name a colour.", "What is a cat?",
            "Count to three.", "Name a planet.", "What is rain?", "Name a city.", "What day follows Monday?",
@@ -79,14 +79,14 @@ def main() -> int:
     parser.add_argument("--llama-server", default=None, help="llama-server binary to measure on the same file")
     parser.add_argument("serve_args", nargs="*", help="extra `switchyard serve` flags (after --)")
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), "--hostname", "127.0.0.1",
                *(["--model-id", args.model] if args.model else []), *args.serve_args]
     measure("switchyard", command, port, args.requests)
     if args.llama_server:
         if not args.model:
             parser.error("--llama-server needs --model")
-        port = _free_port()
+        port = free_port()
         measure("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
                                  "-t", "2", "-tb", "2", "-c", "16384", "-np", "32", "-cb", "--no-webui"],
                 port, args.requests)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,19 +28,14 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lora_steps import make_adapter  # noqa: E402
+from lora_steps import make_adapters  # noqa: E402
+from switchyard.core.testing.serving import free_port
 
 PROMPT = "Write a short story about a lighthouse keeper who"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(adapters: list[tuple[str, str]], max_loras: int, rank: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1", "--port", str(port),
          "--max-batch-total-tokens", "16384", "--max-lora-rank", str(rank), "--max-loras", str(max_loras),
@@ -94,11 +88,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        adapters = []
-        for i in range(args.adapters):
-            path = os.path.join(root, f"a{i}")
-            make_adapter(path, args.rank)
-            adapters.append((f"a{i}", path))
+        adapters = make_adapters(root, args.adapters, args.rank)
         names = [n for n, _ in adapters]
         results = {}
         for label, max_loras, with_base in (("resident", args.adapters, True), ("swapping", 2, False)):

@@ -25,6 +25,7 @@ the model's layers: 23.2 ms.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -41,6 +42,16 @@ PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def make_adapter(path: str, rank: int) -> None:
     """PEFT's adapter over the default model's shapes, on every projection."""
     default_model_adapter(path, rank, PROJECTIONS, scale=0.02)
+
+
+def make_adapters(root: str, count: int, rank: int) -> list[tuple[str, str]]:
+    """`count` such adapters under root, as (name, path): a0, a1, ..."""
+    adapters = []
+    for i in range(count):
+        path = os.path.join(root, f"a{i}")
+        make_adapter(path, rank)
+        adapters.append((f"a{i}", path))
+    return adapters
 
 
 def engine(lora: LoraConfig, compile_decode: bool = True) -> EngineCore:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,20 +41,14 @@ from collections import OrderedDict
 import httpx
 
 from switchyard.core.testing.lora_gguf import default_model_gguf_adapter
-from switchyard.core.testing.serving import wait_healthy
+from switchyard.core.testing.serving import free_port, wait_healthy
 from switchyard.gateway.bench.figures import percentile
 from switchyard.gateway.bench.loadgen import RequestRecord, drive, make_client, stream_one
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lora_steps import make_adapter  # noqa: E402
+from lora_steps import make_adapter, make_adapters  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -63,7 +56,7 @@ class Server:
     a file (a pipe nobody reads would fill and stop it), shown if it never becomes healthy."""
 
     def __init__(self, adapters: list[tuple[str, str]], max_loras: int, rank: int, budget: int):
-        port = _free_port()
+        port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
@@ -198,11 +191,7 @@ def main() -> None:
     concurrencies = (1, 8)
 
     with tempfile.TemporaryDirectory() as root:
-        adapters = []
-        for i in range(args.adapters):
-            path = os.path.join(root, f"a{i}")
-            make_adapter(path, args.rank)
-            adapters.append((f"a{i}", path))
+        adapters = make_adapters(root, args.adapters, args.rank)
         names = [n for n, _ in adapters]
         extra = os.path.join(root, "extra")
         make_adapter(extra, args.rank)

@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,16 +31,11 @@ import httpx
 from switchyard.gateway.bench.loadgen import drive, make_client, stream_one
 from switchyard.gateway.bench.workload import chat_bodies, chat_body
 from switchyard.gateway.replicas import split_cpus
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from switchyard.core.testing.serving import free_port
 
 
 def _serve(*flags: str, kv_tokens: int = 4096) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1",
                              "--port", str(port), "--max-batch-total-tokens", str(kv_tokens), *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,19 +8,13 @@ llama-server on the same GGUF file where --llama-server is given.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from switchyard.core.testing.serving import free_port
 
 
 def timed_start(command: list[str], port: int, timeout: float = 300.0) -> tuple[float | None, float]:
@@ -66,7 +60,7 @@ def main() -> int:
     parser.add_argument("serve_flags", nargs="*", help="more `switchyard serve` flags (after --)")
     args = parser.parse_args()
     servers = {}
-    port = _free_port()
+    port = free_port()
     serve = [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), "--hostname", "127.0.0.1",
              "--max-batch-total-tokens", "4096", *(["--model-id", args.model] if args.model else []), *args.serve_flags]
     servers["switchyard"] = serve

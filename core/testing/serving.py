@@ -1,8 +1,17 @@
-"""A `switchyard serve` process seen from a test or a benchmark: wait until it answers /health."""
+"""A `switchyard serve` process seen from a test or a benchmark: a loopback port for it, and a wait
+until it answers /health."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (the kernel's pick), for a server the caller starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_healthy(proc: subprocess.Popen, base: str, timeout: float) -> None:

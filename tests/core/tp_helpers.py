@@ -4,7 +4,6 @@ communicator and launcher live in core/shards/distributed.py; these tests need o
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from switchyard.core.backend import ShardInfo
+from switchyard.core.testing.serving import free_port
 
 
 class GlooCommunicator:
@@ -40,12 +40,6 @@ class GlooCommunicator:
         return tensor
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _shard_main(rank: int, world_size: int, port: int, out_dir: str, job: Callable, args: tuple) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -61,6 +55,6 @@ def run_sharded(world_size: int, job: Callable[..., Any], *args: Any) -> list[An
     """job(shard: ShardInfo, communicator, *args) in world_size processes (a top-level,
     importable function); returns each rank's result (anything torch.save takes), rank order."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_shard_main, args=(world_size, _free_port(), out_dir, job, args), nprocs=world_size,
+        mp.start_processes(_shard_main, args=(world_size, free_port(), out_dir, job, args), nprocs=world_size,
                            join=True, start_method="spawn")
         return [torch.load(os.path.join(out_dir, f"{rank}.pt"), weights_only=False) for rank in range(world_size)]

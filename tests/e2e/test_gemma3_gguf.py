@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
+from switchyard.core.testing.serving import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -35,17 +35,11 @@ def gguf_path(gemma3_gguf_path) -> str:
     return gemma3_gguf_path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(gguf_path, tmp_path_factory):
     """`switchyard serve` on the GGUF file; started first, waited for by `url`. Its log
     goes to a file (a pipe nobody reads would block it once full)."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("gemma3-serve") / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--model-id", gguf_path,

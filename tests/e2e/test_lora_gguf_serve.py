@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
 
@@ -20,19 +19,13 @@ import pytest
 
 from switchyard.core.testing.lora_adapters import default_model_adapter
 from switchyard.core.testing.lora_gguf import default_model_gguf_adapter
-from switchyard.core.testing.serving import wait_healthy
+from switchyard.core.testing.serving import free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
 KEY = "lora-gguf-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "The capital of France is"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _adapter(path, seed: int) -> str:
@@ -48,7 +41,7 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora-gguf")
     peft = _adapter(root / "b", 1)
     gguf = default_model_gguf_adapter(peft, root / "a.gguf")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1", "--port", str(port),
          "--max-batch-total-tokens", "4096", "--api-key", KEY,

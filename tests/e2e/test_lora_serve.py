@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,18 +14,12 @@ import httpx
 import pytest
 
 from switchyard.core.testing.lora_adapters import default_model_adapter
-from switchyard.core.testing.serving import wait_healthy
+from switchyard.core.testing.serving import free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
 KEY = "lora-key"
 PROMPT = "The capital of France is"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _adapter(path, seed: int) -> str:
@@ -39,7 +32,7 @@ def _adapter(path, seed: int) -> str:
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     first, second = _adapter(root / "first", 1), _adapter(root / "second", 2)
-    port, grpc_port = _free_port(), _free_port()
+    port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1", "--port", str(port),
          "--max-batch-total-tokens", "4096", "--api-key", KEY, "--grpc-port", str(grpc_port),

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import time
 
 import httpx
 import pytest
+from switchyard.core.testing.serving import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,6 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model
 COUNT = "1, 2, 3, 4,"
 # a long shared system prompt (~200 tokens): what cache-aware routing keeps on one worker
 SYSTEM = ("You are a careful assistant for a railway switchyard. " * 20).strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None = None):
@@ -78,7 +72,7 @@ class Cluster:
     def start(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for _ in range(NUM_WORKERS):
-            port = _free_port()
+            port = free_port()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1",
                  "--port", str(port), "--max-batch-total-tokens", "2048", "--enforce-eager",
@@ -87,12 +81,12 @@ class Cluster:
             self.workers.append((proc, f"http://127.0.0.1:{port}"))
         for proc, url in self.workers:
             _wait(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, 300, f"worker {url}", proc)
-        port = _free_port()
+        port = free_port()
         self.router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
              "--policy", "cache_aware", "--worker-urls", *[url for _, url in self.workers],
              "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-             "--prometheus-port", str(_free_port()),  # its default (29000) may be taken
+             "--prometheus-port", str(free_port()),  # its default (29000) may be taken
              "--log-level", "warn"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.url = f"http://127.0.0.1:{port}"

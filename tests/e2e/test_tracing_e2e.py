@@ -16,19 +16,12 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "gateway"))  # tests/ has no packages
 from otlp_receiver import GrpcReceiver  # noqa: E402
+from switchyard.core.testing.serving import free_port
 
 pytestmark = pytest.mark.slow
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 300) -> None:
@@ -46,7 +39,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 300) -> Non
 
 def test_a_streamed_chat_request_is_one_trace_across_both_processes():
     receiver = GrpcReceiver()
-    port = _free_port()
+    port = free_port()
     # nothing is exported on the schedule before the server stops: what arrives was flushed at shutdown
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port),

@@ -8,7 +8,6 @@ on the same engine and background event loop, `start_server(client=...)` one on 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from served_engine import MODEL_NAME, default_engine_config, start_engine, stop_
 from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
+from switchyard.core.testing.serving import free_port
 
 
 @dataclass
@@ -58,12 +58,6 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def engine_client():
     client = start_engine(default_engine_config())
@@ -94,7 +88,7 @@ def serve(loop_thread: _LoopThread, client, settings: ServerSettings) -> Running
     import uvicorn
 
     app = create_app(settings, client)
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from test_engine_process_serve import _engine_pid
-from test_serve import _free_port, _wait_healthy
+from switchyard.core.testing.serving import free_port
+from test_serve import _wait_healthy
 
 from switchyard.backends.cpu.runtime import this_machine
 
@@ -18,7 +19,7 @@ TINY = ("--model", "llama-tiny", "--load-format", "dummy", "--max-batch-total-to
 
 
 def _serve(*flags: str, **env: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), *TINY, *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **env})

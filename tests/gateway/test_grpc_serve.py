@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from switchyard.gateway.grpc.proto import generation_pb2 as pb
 from switchyard.gateway.grpc.proto import generation_pb2_grpc as pb_grpc
 
-from test_serve import _free_port, _start, _wait_healthy
+from switchyard.core.testing.serving import free_port
+from test_serve import _start, _wait_healthy
 
 
 def _health(channel) -> int | None:
@@ -27,7 +28,7 @@ def _health(channel) -> int | None:
 
 @pytest.mark.slow
 def test_serve_grpc_port_streams_and_drains():
-    grpc_port = _free_port()
+    grpc_port = free_port()
     proc, url = _start("--max-batch-total-tokens", "4096", "--graceful-shutdown-timeout", "300",
                        "--grpc-port", str(grpc_port))
     try:
@@ -72,7 +73,7 @@ def test_a_taken_grpc_port_is_a_one_line_error():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        result = subprocess.run([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(_free_port()),
+        result = subprocess.run([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(free_port()),
                                  "--grpc-port", str(taken.getsockname()[1])],
                                 capture_output=True, text=True, timeout=120)
     assert result.returncode == 2

@@ -20,6 +20,7 @@ import torch
 
 from served_engine import start_engine, stop_engine
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.testing.serving import free_port
 
 NAME = "tiny-embed"
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "Embeddings map text to vectors.", "a"]
@@ -233,7 +234,7 @@ def test_switchyard_serve_task_embed_serves_the_default_gguf_for_embeddings():
     """The flags end to end, in the engine's own process: `--task embed` on the default model's GGUF
     (a decoder: last-token pooling, normalised), both embedding routes, generation refused."""
     with httpx.Client() as probe:
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1",
                                  "--port", str(port), "--task", "embed", "--max-batch-total-tokens", "4096"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -253,14 +254,6 @@ def test_switchyard_serve_task_embed_serves_the_default_gguf_for_embeddings():
             proc.terminate()
             output = proc.communicate(timeout=60)[0]
     assert "LlamaEmbeddingModel), embeddings of 576 dimensions (last-token pooling" in output
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(proc, probe: httpx.Client, url: str, timeout: float = 300) -> None:

@@ -27,18 +27,13 @@ from switchyard.core.config import CacheConfig, EngineConfig, GrammarConfig, Mod
 from switchyard.core.engine.process import ProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
+from switchyard.core.testing.serving import free_port
 
 TINY_FLAGS = ("--model-id", "llama-tiny", "--load-format", "dummy", "--max-batch-total-tokens", "512",
               "--dtype", "float32", "--enforce-eager")
 ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _assert_503(response: httpx.Response, dialect: str, fragment: str) -> None:
@@ -58,7 +53,7 @@ def _assert_503(response: httpx.Response, dialect: str, fragment: str) -> None:
 def test_serve_listens_at_once_then_exits_1_after_an_engine_death():
     from test_engine_process_serve import _engine_pid
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port), *TINY_FLAGS],

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from fastapi.testclient import TestClient
 from switchyard.core.engine.client import EngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
+from switchyard.core.testing.serving import free_port
 
 
 class _LoadingClient(EngineClient):
@@ -65,14 +65,8 @@ def test_health_of_a_stopped_engine_is_503_without_retry_after():
     assert response.status_code == 503 and "retry-after" not in response.headers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(*flags: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # eager: these tests are about the server, not the decode graphs a start compiles by default
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.gateway.cli", "serve", "--port", str(port),

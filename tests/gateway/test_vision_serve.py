@@ -10,7 +10,6 @@ import asyncio
 import base64
 import http.server
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -24,19 +23,13 @@ import pytest
 
 from served_engine import start_engine, stop_engine
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.testing.serving import wait_healthy
+from switchyard.core.testing.serving import free_port, wait_healthy
 from switchyard.core.testing.tiny_vlm import png_bytes, tiny_idefics3
 from switchyard.gateway.app import create_app
 from switchyard.gateway.media import MediaPolicy
 from switchyard.gateway.settings import ServerSettings
 
 MODEL = "tiny-idefics3"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def data_url(data: bytes, media_type: str = "image/png") -> str:
@@ -80,7 +73,7 @@ def serve(engine):
 
     def start(media: MediaPolicy = MediaPolicy()) -> str:
         app = create_app(ServerSettings(model_id=MODEL, media=media), engine)
-        port = _free_port()
+        port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                                lifespan="off"))
         server.install_signal_handlers = lambda: None
@@ -256,7 +249,7 @@ def test_anthropic_responses_and_tgi_read_images(serve):
 
 @pytest.mark.slow
 def test_switchyard_serve_fetches_an_allowed_url_through_the_engine_process(model_dir, image_host):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--model", str(model_dir), "--hostname",
          "127.0.0.1", "--port", str(port), "--max-batch-total-tokens", "4096", "--enforce-eager",

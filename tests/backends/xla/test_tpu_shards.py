@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 
 import pytest
 
@@ -19,6 +18,7 @@ from switchyard.backends.tpu import TpuBackend  # noqa: E402
 from switchyard.backends.tpu.env import tpu_shard_env  # noqa: E402
 from switchyard.core.backend import ShardInfo  # noqa: E402
 from switchyard.core.shards.group import ProcessShardLauncher  # noqa: E402
+from switchyard.core.testing.serving import free_port
 
 
 def _join_and_talk(shard, path):
@@ -35,15 +35,9 @@ def _join_and_talk(shard, path):
     assert isinstance(communicator, TorchCommunicator)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_sharded_tpu_processes_join_the_data_and_control_groups(tmp_path):
-    port = _free_port()
+    port = free_port()
     shards = [ShardInfo(rank=r, world_size=2, local_rank=r, master_port=port, local_world_size=2) for r in range(2)]
     group = ProcessShardLauncher(functools.partial(tpu_shard_env, pjrt_device="CPU")).start(
         shards, _join_and_talk, (tmp_path,))
