@@ -35,7 +35,9 @@
 // adapter rows) are grouped by slot once (lora.h runs_of); after each linear with stacks its
 // input is shrunk (once for a fused projection's parts, whose A stacks are one tensor) and each
 // part's delta expanded into its column slice of the output: the calls, operands and order of
-// LoraLinear.forward, through lora.h's arithmetic, so the deltas are the same bits as there.
+// LoraLinear.forward, through lora.h's arithmetic, so the deltas are the same bits as there. The
+// shrinks write into one scratch buffer of the step and the expands read their columns of it in
+// place (no tensor made per call: a decode step makes 11 such calls a layer).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -142,14 +144,35 @@ struct LoraStacks {
 
   bool empty() const { return parts.empty(); }
 
-  // y (the linear's output) += each part's delta for x (its input): LoraLinear.forward's calls.
-  void apply(const at::Tensor& x, const at::Tensor& y, const lora::Runs& runs) const {
-    const at::Tensor h_all = shared ? lora::shrink_runs(x, *shared, runs) : at::Tensor();
+  // Columns of h a step's scratch buffer needs for this linear (the widest shrink).
+  int64_t width() const {
+    int64_t w = shared ? shared->size(1) : 0;
+    for (const LoraPart& p : parts) w = std::max(w, p.b.size(2));
+    return w;
+  }
+
+  // Columns of the linear's output the parts write (the last part's stop).
+  int64_t columns() const {
+    int64_t c = 0;
+    for (const LoraPart& p : parts) c = std::max(c, p.stop);
+    return c;
+  }
+
+  // y (the linear's output) += each part's delta for x (its input): LoraLinear.forward's calls and
+  // operands, on raw rows: h is the step's scratch (rows ldh apart, at least width() columns), a
+  // fused projection's parts shrunk into it at once and each expanded from its own columns.
+  template <typename T>
+  void apply(const at::Tensor& input, const at::Tensor& y, const lora::Runs& runs, T* h, int64_t ldh) const {
+    TORCH_CHECK((y.stride(1) == 1 || y.size(1) <= 1) && y.size(1) >= columns() &&
+                input.size(1) == (shared ? *shared : parts[0].a).size(2), "decode_layers: a LoRA linear's operands");
+    const at::Tensor x = input.stride(1) == 1 ? input : input.contiguous();
+    const T* xp = x.data_ptr<T>();
+    T* yp = y.data_ptr<T>();
+    if (shared) lora::shrink_into(xp, x.stride(0), *shared, h, ldh, runs);
     for (const LoraPart& p : parts) {
       const int64_t rank = p.b.size(2);
-      const at::Tensor h = shared ? h_all.narrow(1, p.part * rank, rank).contiguous() : lora::shrink_runs(x, p.a, runs);
-      const at::Tensor out = p.start == 0 && p.stop == y.size(1) ? y : y.narrow(1, p.start, p.stop - p.start);
-      lora::expand_runs(out, h, p.b, p.scales, runs);
+      if (!shared) lora::shrink_into(xp, x.stride(0), p.a, h, ldh, runs);
+      lora::expand_from(yp + p.start, y.stride(0), shared ? h + p.part * rank : h, ldh, p.b, p.scales, runs);
     }
   }
 };
@@ -226,6 +249,7 @@ struct DecodeLayers : torch::CustomClassHolder {
   std::vector<Layer> layers;
   at::Tensor final_norm;
   int64_t lora_slots = 0;  // S of every LoRA stack (0: none added)
+  int64_t lora_width = 0;  // columns of a step's LoRA scratch (the widest shrink)
 
   DecodeLayers(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rotary_dim,
                double eps, double scale, double soft_cap, at::Tensor final_norm)
@@ -257,12 +281,29 @@ struct DecodeLayers : torch::CustomClassHolder {
                 "decode_layers: a LoRA part is a, b, scales and 3 ints");
     LoraStacks stacks;
     stacks.shared = present(shared);
+    // The stacks are the manager's tensors, written in place at each load: checked once here, read
+    // by pointer at each step.
+    const auto stack = [](const at::Tensor& t, int64_t dim) {
+      TORCH_CHECK(t.dim() == dim && t.is_contiguous() && lora::is_float(t), "decode_layers: a LoRA stack must be a "
+                  "contiguous float32 or bfloat16 tensor of ", dim, " dims");
+    };
+    if (stacks.shared) stack(*stacks.shared, 3);
     for (size_t k = 0; k < b.size(); ++k) {
       const int64_t S = b[k].size(0);
       TORCH_CHECK(lora_slots == 0 || lora_slots == S, "decode_layers: LoRA stacks of different slot counts");
       lora_slots = S;
-      stacks.parts.push_back(LoraPart{a[k], b[k], scales[k], ranges[3 * k], ranges[3 * k + 1], ranges[3 * k + 2]});
+      if (!stacks.shared) stack(a[k], 3);
+      stack(b[k], 3);
+      TORCH_CHECK(scales[k].dim() == 1 && scales[k].size(0) == S && scales[k].is_contiguous() &&
+                  scales[k].scalar_type() == at::kFloat, "decode_layers: LoRA scales must be float32 [S]");
+      const at::Tensor& in = stacks.shared ? *stacks.shared : a[k];
+      const int64_t start = ranges[3 * k + 1], stop = ranges[3 * k + 2];
+      TORCH_CHECK(in.size(0) == S && b[k].size(1) == stop - start && start >= 0 &&
+                  (!stacks.shared || (ranges[3 * k] + 1) * b[k].size(2) <= in.size(1)) &&
+                  (stacks.shared || in.size(1) == b[k].size(2)), "decode_layers: LoRA part shapes");
+      stacks.parts.push_back(LoraPart{a[k], b[k], scales[k], ranges[3 * k], start, stop});
     }
+    lora_width = std::max(lora_width, stacks.width());
     layers[layer].lora[linear] = std::move(stacks);
   }
 
@@ -287,11 +328,13 @@ struct DecodeLayers : torch::CustomClassHolder {
     return run<c10::BFloat16>(hidden, c, s, kv_caches, slots, block_table, seq_lens, r);
   }
 
-  // linear k of `layer` on x, plus its adapters' deltas when the step has adapter rows (runs).
-  static at::Tensor project(const Layer& layer, int k, const at::Tensor& x, const lora::Runs* runs) {
+  // linear k of `layer` on x, plus its adapters' deltas when the step has adapter rows (runs; h the
+  // step's LoRA scratch, rows lora_width apart).
+  template <typename T>
+  at::Tensor project(const Layer& layer, int k, const at::Tensor& x, const lora::Runs* runs, T* h) const {
     const Linear& linear = k == 0 ? layer.qkv : k == 1 ? layer.o : k == 2 ? layer.gate_up : layer.down;
     at::Tensor y = linear(x);
-    if (runs != nullptr && !layer.lora[k].empty()) layer.lora[k].apply(x, y, *runs);
+    if (runs != nullptr && !layer.lora[k].empty()) layer.lora[k].apply<T>(x, y, *runs, h, lora_width);
     return y;
   }
 
@@ -304,11 +347,14 @@ struct DecodeLayers : torch::CustomClassHolder {
     const float e = static_cast<float>(eps);
     at::Tensor x = at::empty_like(hidden), delta;
     T* h = hidden.data_ptr<T>();
+    // the LoRA shrinks' output, every linear's in turn (one buffer for the step)
+    const at::Tensor lora_scratch = runs ? at::empty({M, lora_width}, hidden.options()) : at::Tensor();
+    T* lh = runs ? lora_scratch.data_ptr<T>() : nullptr;
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& layer = layers[i];
       add_rms_norm<T>(h, delta.defined() ? delta.data_ptr<T>() : nullptr, layer.input_norm.data_ptr<T>(),
                       x.data_ptr<T>(), M, H, e);
-      at::Tensor qkv = project(layer, 0, x, runs);
+      at::Tensor qkv = project<T>(layer, 0, x, runs, lh);
       TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == width, "decode_layers: qkv output");
       T* qp = qkv.data_ptr<T>();
       const at::Tensor& cache = caches[i];
@@ -329,13 +375,13 @@ struct DecodeLayers : torch::CustomClassHolder {
       at::Tensor attention = at::empty({M, num_heads, D}, hidden.options());
       paged::paged_decode(attention, qkv.narrow(1, 0, q_size).view({M, num_heads, D}), cache, block_table, seq_lens,
                           scale, layer.window, soft_cap);
-      const at::Tensor o = project(layer, 1, attention.view({M, q_size}), runs);
+      const at::Tensor o = project<T>(layer, 1, attention.view({M, q_size}), runs, lh);
       add_rms_norm<T>(h, o.data_ptr<T>(), layer.post_norm.data_ptr<T>(), x.data_ptr<T>(), M, H, e);
-      const at::Tensor gate_up = project(layer, 2, x, runs);
+      const at::Tensor gate_up = project<T>(layer, 2, x, runs, lh);
       const int64_t I = gate_up.size(1) / 2;
       at::Tensor act = at::empty({M, I}, hidden.options());
       silu_and_mul<T>(gate_up.data_ptr<T>(), act.data_ptr<T>(), M, I);
-      delta = project(layer, 3, act, runs);
+      delta = project<T>(layer, 3, act, runs, lh);
     }
     at::Tensor out = at::empty_like(hidden);
     add_rms_norm<T>(h, delta.defined() ? delta.data_ptr<T>() : nullptr, final_norm.data_ptr<T>(), out.data_ptr<T>(),
