@@ -15,10 +15,12 @@ kernel).
 float32), 4 requests, ms per decode step:
 
     rank 16    LoRA off 9.8   model's layers 16.5   LoRA on, base 10.0   LoRA on, adapter 13.3
+    (night, idle, after the fused path's per-call tensors went and the stacks were prefetched:)
+    rank 16    LoRA off 10.5  model's layers 17.4   LoRA on, base 10.5   LoRA on, adapter 12.6
 
 Adapter rows run in the fused C++ layers too (csrc/decode_layers.cpp applies the deltas after
-each linear with csrc/lora.h, the kernel the wrappers call): their deltas cost about 3.3 ms a
-step (per layer one shrink for q/k/v, one for gate/up, one each for o and down, and 7 expands);
+each linear with csrc/lora.h, the kernel the wrappers call): their deltas cost about 2.1 ms a
+step (3.3 before; per layer one shrink for q/k/v, one for gate/up, one each for o and down, and 7 expands);
 base requests keep the C++ layers' speed. Before the C++ layers applied them, adapter steps ran
 the model's layers: 23.2 ms.
 """
