@@ -54,10 +54,7 @@ class LoraManager:
         """The adapter at `path`, read and checked (LoraAdapterError), not yet served."""
         if not name or not isinstance(name, str):
             raise LoraAdapterError(f"a LoRA adapter needs a name, got {name!r}")
-        if name in self.adapters:
-            raise LoraAdapterError(f"LoRA adapter {name!r} is already loaded")
-        if name in self.retiring:
-            raise LoraAdapterError(f"LoRA adapter {name!r} is being unloaded: requests still use it")
+        self._check_name_free(name)
         adapter = load_adapter(name, path, self.targets, self.config.max_lora_rank, self.dtype, next(self._uids))
         missing = sorted({self.targets[key].kind.value for key in adapter.weights if key not in self.stacks})
         if missing:
@@ -69,13 +66,18 @@ class LoraManager:
         """Serve the adapter at `path` as `name`; checked fully before anything changes."""
         return self.serve(self.read(name, path))
 
+    def _check_name_free(self, name: str) -> None:
+        """A load may take `name` (LoraAdapterError if an adapter served or being unloaded has it)."""
+        if name in self.adapters:
+            raise LoraAdapterError(f"LoRA adapter {name!r} is already loaded")
+        if name in self.retiring:
+            raise LoraAdapterError(f"LoRA adapter {name!r} is being unloaded: requests still use it")
+
     def serve(self, adapter: LoraAdapter) -> LoraAdapter:
         """Serve an adapter `read` gave (perhaps on another thread, while steps ran): its name is
         checked again, since another load or an unload may have come between."""
         name = adapter.name
-        if name in self.adapters or name in self.retiring:
-            raise LoraAdapterError(f"LoRA adapter {name!r} is already loaded" if name in self.adapters else
-                                   f"LoRA adapter {name!r} is being unloaded: requests still use it")
+        self._check_name_free(name)
         self.adapters[name] = adapter
         logger.info("LoRA adapter %r loaded from %s: rank %d, %d layers, %.1f MB", name, adapter.path,
                     adapter.rank, len(adapter.weights), adapter.nbytes / 1e6)
