@@ -29,31 +29,43 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
 from lora_steps import make_adapters  # noqa: E402
-from switchyard.core.testing.serving import free_port
+from switchyard.core.testing.serving import free_port, wait_healthy
 
 PROMPT = "Write a short story about a lighthouse keeper who"
 
 
-def serve(adapters: list[tuple[str, str]], max_loras: int, rank: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1", "--port", str(port),
-         "--max-batch-total-tokens", "16384", "--max-lora-rank", str(rank), "--max-loras", str(max_loras),
-         "--lora-adapters", ",".join(f"{n}={p}" for n, p in adapters)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}")
+class Server:
+    """One `switchyard serve` of the default model with adapters named at start; its output goes to
+    a file (a pipe nobody reads would fill and stop it), shown if it never becomes healthy."""
+
+    def __init__(self, adapters: list[tuple[str, str]], max_loras: int, rank: int, budget: int = 16384,
+                 extra: tuple[str, ...] = ()):
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1", "--port", str(port),
+             "--max-batch-total-tokens", str(budget), "--max-lora-rank", str(rank), "--max-loras", str(max_loras),
+             "--lora-adapters", ",".join(f"{n}={p}" for n, p in adapters), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> str:
         try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("the server never became healthy")
-        time.sleep(0.5)
+            wait_healthy(self.proc, self.base, 600)
+        except AssertionError as exc:
+            self.__exit__()
+            self.log.seek(0)
+            raise SystemExit(f"{exc}\n{self.log.read()[-4000:]}") from None
+        return self.base
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 async def run(base: str, models: list[str], tokens: int) -> float:
@@ -92,13 +104,9 @@ def main() -> None:
         names = [n for n, _ in adapters]
         results = {}
         for label, max_loras, with_base in (("resident", args.adapters, True), ("swapping", 2, False)):
-            proc, base = serve(adapters, max_loras, args.rank)
-            try:
+            with Server(adapters, max_loras, args.rank) as base:
                 for row, value in rows(base, names, args.requests, args.tokens, with_base).items():
                     results[row if label == "resident" else "swapping"] = value
-            finally:
-                proc.terminate()
-                proc.wait(60)
     print(f"{args.requests} requests at once, {args.tokens} output tokens each, {args.adapters} adapters of rank "
           f"{args.rank} on every projection; output tok/s")
     for row, value in results.items():

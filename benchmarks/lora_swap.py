@@ -32,57 +32,19 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
 
 import httpx
 
 from switchyard.core.testing.lora_gguf import default_model_gguf_adapter
-from switchyard.core.testing.serving import free_port, wait_healthy
 from switchyard.gateway.bench.figures import percentile
 from switchyard.gateway.bench.loadgen import RequestRecord, drive, make_client, stream_one
 
 sys.path.insert(0, os.path.dirname(__file__))
+from lora_serving import PROMPT, Server  # noqa: E402
 from lora_steps import make_adapter, make_adapters  # noqa: E402
-
-PROMPT = "Write a short story about a lighthouse keeper who"
-
-
-class Server:
-    """One `switchyard serve` of the default model with adapters named at start; its output goes to
-    a file (a pipe nobody reads would fill and stop it), shown if it never becomes healthy."""
-
-    def __init__(self, adapters: list[tuple[str, str]], max_loras: int, rank: int, budget: int):
-        port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "switchyard.gateway.cli", "serve", "--hostname", "127.0.0.1", "--port", str(port),
-             "--max-batch-total-tokens", str(budget), "--max-lora-rank", str(rank), "--max-loras", str(max_loras),
-             "--enable-lora", "--lora-adapters", ",".join(f"{n}={p}" for n, p in adapters)],
-            stdout=self.log, stderr=subprocess.STDOUT, text=True)
-
-    def __enter__(self) -> str:
-        try:
-            wait_healthy(self.proc, self.base, 600)
-        except AssertionError as exc:
-            self.__exit__()
-            self.log.seek(0)
-            raise SystemExit(f"{exc}\n{self.log.read()[-4000:]}") from None
-        return self.base
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
 
 def body(model: str, tokens: int) -> dict:
     return {"model": model, "prompt": PROMPT, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,
@@ -198,14 +160,14 @@ def main() -> None:
         formats = {"PEFT": extra, ".gguf": default_model_gguf_adapter(extra, os.path.join(root, "extra.gguf"))}
 
         swaps = {}
-        with Server(adapters, args.adapters, args.rank, args.max_batch_total_tokens) as base:
+        with Server(adapters, args.adapters, args.rank, args.max_batch_total_tokens, ("--enable-lora",)) as base:
             timed = load_unload(base, formats, args.loads)
             quiet, _ = asyncio.run(stream_gaps(base, args.stream_tokens, None))
             busy, loads_done = asyncio.run(stream_gaps(base, args.stream_tokens, formats))
             for c in concurrencies:
                 swaps[(c, args.adapters)] = asyncio.run(
                     swap_row(base, names, args.adapters, c, args.requests, args.run, args.tokens))
-        with Server(adapters, args.slots, args.rank, args.max_batch_total_tokens) as base:
+        with Server(adapters, args.slots, args.rank, args.max_batch_total_tokens, ("--enable-lora",)) as base:
             for c in concurrencies:
                 swaps[(c, args.slots)] = asyncio.run(
                     swap_row(base, names, args.slots, c, args.requests, args.run, args.tokens))
