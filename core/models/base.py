@@ -26,6 +26,11 @@ class CausalLM(nn.Module, ABC):
     # prompt is computed in one step and no key or value is kept (the engine schedules it so,
     # core/pooling/serving.py); it pools (embeddings) and has no logits.
     causal: bool = True
+    # A vision-language model's image family (a key of core/multimodal/families.py's FAMILIES): it
+    # then also has `image_token_id`, `embed_tokens(input_ids)` and `encode_images(frames)`, and
+    # the runner writes image rows over the image tokens' input embeddings (core/multimodal/splice.py).
+    # None: a text model.
+    image_family: str | None = None
 
     @classmethod
     def context_limit(cls, hf_config: Any) -> int | None:

@@ -35,7 +35,9 @@ def text_config_of(config: Any) -> Any:
 
 class Idefics3ForConditionalGeneration(CausalLM):
     """A vision-language model: images in, text out. `image_token_id` marks the positions that
-    take image embeddings (the processor's expansion, core/multimodal/processor.py)."""
+    take image embeddings (the processor's expansion, core/multimodal/families.py)."""
+
+    image_family = "idefics3"
 
     def __init__(self, config: Any, make_kernel: KernelFactory, block_size: int, dtype: torch.dtype,
                  tp: TensorParallel = NO_TP):

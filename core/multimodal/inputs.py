@@ -45,13 +45,15 @@ class ImageSpan:
     are its placeholder (the model's image tokens and the markers around them); the positions
     offset + r, r in `embed_offsets`, take the rows of its encoder output, in order.
     `content_hash` is its ImageData.key. `pixels` is the image processor's output for it, made
-    when the encoder first needs it (core/multimodal/pixels.py `Pixels`; opaque here)."""
+    when the encoder first needs it (core/multimodal/pixels.py `Pixels`; opaque here). `grid`:
+    its Expansion's (core/multimodal/families.py), () for families whose positions are plain."""
 
     offset: int
     length: int
     content_hash: str
     embed_offsets: tuple[int, ...]
     pixels: Any = field(default=None, compare=False, repr=False)  # not what the span is, what it is made of
+    grid: tuple[int, ...] = ()  # the family's layout of its rows, where positions depend on it (families.py)
 
     @property
     def end(self) -> int:

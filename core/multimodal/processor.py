@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from ..params import ValidationError
+from .families import Expansion, ImageFamily, family_for
 from .inputs import ImageData, ImageSpan
 from .pixels import Pixels
 
@@ -61,29 +62,30 @@ def processor_from_config(processor_config: dict[str, Any], tokenizer_files: tup
 
 
 class ExpansionMemo:
-    """The token ids of an image's placeholder expansion by ImageData.key, least recently used
-    out first: the expansion depends only on the image and the processor, and it is all that
-    add_request needs of an image (no pixels here)."""
+    """An image's placeholder `Expansion` by ImageData.key, least recently used out first: the
+    expansion depends only on the image and the processor, and it is all that add_request needs of
+    an image (no pixels here)."""
 
     def __init__(self, max_entries: int = 256):
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._entries: OrderedDict[str, Expansion] = OrderedDict()
 
-    def get(self, key: str) -> tuple[int, ...] | None:
-        tokens = self._entries.get(key)
-        if tokens is not None:
+    def get(self, key: str) -> Expansion | None:
+        expansion = self._entries.get(key)
+        if expansion is not None:
             self._entries.move_to_end(key)
-        return tokens
+        return expansion
 
-    def put(self, key: str, tokens: tuple[int, ...]) -> None:
-        self._entries[key] = tokens
+    def put(self, key: str, expansion: Expansion) -> None:
+        self._entries[key] = expansion
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
 
 class ImagePrompts:
-    """Expands a request's image placeholders, and gives each image its pixels (`Pixels`).
+    """Expands a request's image placeholders, and gives each image its pixels (`Pixels`), as the
+    model's family does it (families.py).
 
     An image seen before (its expansion in the memo) is not decoded nor processed here: its
     pixels are made when the encoder first needs them (core/multimodal/pixels.py), which a
@@ -91,25 +93,21 @@ class ImagePrompts:
     it readable (a ValidationError, the request's 400, not a failed step) and gives its expansion;
     its frames stay on its span."""
 
-    def __init__(self, hf_processor: Any, image_token_id: int, memo_size: int = 256):
-        self.processor = hf_processor
-        self.image_token_id = image_token_id
-        self.image_token: str = hf_processor.image_token  # the placeholder text, one per image
+    def __init__(self, family: ImageFamily, memo_size: int = 256):
+        self.family = family
+        self.image_token: str = family.placeholder  # the placeholder text, one per image
         self.expansions = ExpansionMemo(memo_size)
 
-    @classmethod
-    def for_model(cls, model: Any, directory: str | None) -> ImagePrompts | None:
-        """None for a text-only model."""
-        if not hasattr(model, "encode_images") or directory is None:
-            return None
-        return cls(load_hf_processor(directory), model.image_token_id)
+    @property
+    def processor(self) -> Any:
+        return self.family.processor
 
     def prepare(self, request: Any) -> None:
         """Replace each image placeholder of `request.prompt_token_ids` by its expansion and record
         where each image sits (`request.image_spans`); raises ValidationError if the placeholders
         and the images do not pair up or an image cannot be read."""
         ids = request.prompt_token_ids
-        places = [i for i, token in enumerate(ids) if token == self.image_token_id]
+        places = [i for i, token in enumerate(ids) if token == self.family.placeholder_id]
         if len(places) != len(request.images):
             raise ValidationError(f"the prompt has {len(places)} image placeholders ({self.image_token}) for "
                                   f"{len(request.images)} images", "images")
@@ -118,53 +116,38 @@ class ImagePrompts:
         previous = 0
         for index, (place, image) in enumerate(zip(places, request.images)):
             expanded.extend(ids[previous:place])
-            tokens, pixels = self._prepared(image, index)
-            offsets = tuple(i for i, token in enumerate(tokens) if token == self.image_token_id)
-            spans.append(ImageSpan(len(expanded), len(tokens), image.key, offsets, pixels))
-            expanded.extend(tokens)
+            expansion, pixels = self._prepared(image, index)
+            spans.append(ImageSpan(len(expanded), len(expansion.tokens), image.key, expansion.embed_offsets,
+                                   pixels, expansion.grid))
+            expanded.extend(expansion.tokens)
             previous = place + 1
         expanded.extend(ids[previous:])
         request.prompt_token_ids = expanded
         request.image_spans = tuple(spans)
         request.images = ()  # the pixels are on the spans now
 
-    def _prepared(self, image: ImageData, index: int) -> tuple[tuple[int, ...], Pixels]:
-        """(its expansion's token ids, its pixels): from the memo, the pixels made later; else
-        processed now."""
-        tokens = self.expansions.get(image.key)
-        if tokens is not None:
-            return tokens, Pixels.later(partial(self.frames, image))
-        frames, expansion = self._expand(image, index)
-        tokens = tuple(expansion)
-        self.expansions.put(image.key, tokens)
-        return tokens, Pixels.ready(frames)
-
-    def _expand(self, image: ImageData, index: int) -> tuple[Any, list[int]]:
-        """(the image's frames [F, 3, S, S], the token ids of its placeholder's expansion)."""
+    def _prepared(self, image: ImageData, index: int) -> tuple[Expansion, Pixels]:
+        """(its expansion, its pixels): from the memo, the pixels made later; else processed now."""
+        expansion = self.expansions.get(image.key)
+        if expansion is not None:
+            return expansion, Pixels.later(partial(self.frames, image))
         try:
-            out = self._process(image)
+            frames, expansion = self.family.prepare(decode_image(image), image.split)
         except Exception as exc:  # noqa: BLE001 - a failure on one image is that request's, not the engine's
             raise ValidationError(f"image {index} could not be prepared: {exc}", "images") from None
-        text = self.processor.replace_image_token({"rows": out["rows"], "cols": out["cols"]}, 0)
-        tokens = self.processor.tokenizer.encode(text, add_special_tokens=False)
-        return out["pixel_values"][0], tokens
+        self.expansions.put(image.key, expansion)
+        return expansion, Pixels.ready(frames)
 
     def frames(self, image: ImageData) -> Any:
-        """The image's frames [F, 3, S, S] (an image whose expansion is memoised: read before)."""
-        return self._process(image)["pixel_values"][0]
-
-    def _process(self, image: ImageData) -> Any:
-        """The image processor's output for one image (tiled, or with `split` False one view)."""
-        options = {} if image.split else {"do_image_splitting": False}
-        return self.processor.image_processor(images=[[decode_image(image)]], return_row_col_info=True,
-                                              return_tensors="pt", **options)
+        """The image's frames (an image whose expansion is memoised: read before)."""
+        return self.family.frames(decode_image(image), image.split)
 
 
 def image_prompts_for(loaded: Any, backend: Any) -> ImagePrompts | None:
     """The engine's ImagePrompts for a loaded model, or None where it reads text only: a text
     model, or a vision-language model on a backend that does not declare it runs vision towers
     (Capabilities.vision_encoders; one logged line)."""
-    if not hasattr(loaded.model, "encode_images"):
+    if loaded.model.image_family is None:
         return None
     if not backend.capabilities().vision_encoders:
         logger.warning("backend %s does not run vision encoders: this model serves text only, and a request "
@@ -172,9 +155,12 @@ def image_prompts_for(loaded: Any, backend: Any) -> ImagePrompts | None:
         return None
     processor_config = getattr(loaded.hf_config, "processor_config", None)  # a GGUF pair's (no processor files)
     if processor_config is not None:
-        return ImagePrompts(processor_from_config(processor_config, loaded.source.tokenizer_files),
-                            loaded.model.image_token_id)
-    return ImagePrompts.for_model(loaded.model, loaded.source.directory)
+        processor = processor_from_config(processor_config, loaded.source.tokenizer_files)
+    elif loaded.source.directory is not None:
+        processor = load_hf_processor(loaded.source.directory)
+    else:
+        return None
+    return ImagePrompts(family_for(loaded.model, processor))
 
 
 def prepare_images(prompts: ImagePrompts | None, request: Any) -> None:

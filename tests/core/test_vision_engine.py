@@ -170,7 +170,7 @@ def test_a_backend_without_vision_encoders_serves_text_only(vlm, caplog):
     from switchyard.core.multimodal.processor import image_prompts_for, prepare_images
     from switchyard.core.models.idefics3 import Idefics3ForConditionalGeneration
 
-    model = SimpleNamespace(encode_images=Idefics3ForConditionalGeneration.encode_images, image_token_id=4)
+    model = SimpleNamespace(image_family=Idefics3ForConditionalGeneration.image_family, image_token_id=4)
     backend = SimpleNamespace(name="textonly", capabilities=lambda: Capabilities(dtypes=("float32",),
                                                                                 block_sizes=(16,)))
     with caplog.at_level("WARNING"):

@@ -27,7 +27,8 @@ from switchyard.core.loader import choose_model
 from switchyard.core.loader.mmproj import MmprojError, MmprojWeights, read_mmproj
 from switchyard.core.models.plain_config import PlainConfig
 from switchyard.core.multimodal.inputs import ImageData
-from switchyard.core.multimodal.processor import ImagePrompts, load_hf_processor, processor_from_config
+from switchyard.core.multimodal.families import Idefics3Family
+from switchyard.core.multimodal.processor import decode_image, load_hf_processor, processor_from_config
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_vlm import SPECIALS, CHAT_TEMPLATE, png_bytes, tiny_idefics3
@@ -149,11 +150,11 @@ def test_the_processor_made_from_the_metadata_prepares_images_as_the_checkpoints
     write_mmproj(str(tmp_path / "mmproj.gguf"), hf, processor)
     config = read_mmproj(str(tmp_path / "mmproj.gguf")).processor_config
     assert config["image_seq_len"] == processor.image_seq_len
-    made = ImagePrompts(processor_from_config(config, (str(path), None)), hf.config.image_token_id)
-    saved = ImagePrompts(load_hf_processor(str(path)), hf.config.image_token_id)
+    made = Idefics3Family(processor_from_config(config, (str(path), None)), hf.config.image_token_id)
+    saved = Idefics3Family(load_hf_processor(str(path)), hf.config.image_token_id)
     for index, size in enumerate([(64, 48), (20, 30), (100, 33), (32, 32)]):
-        picture = image(*size, seed=index)
-        (made_pixels, made_tokens), (saved_pixels, saved_tokens) = made._expand(picture, 0), saved._expand(picture, 0)
+        picture = decode_image(image(*size, seed=index))
+        (made_pixels, made_tokens), (saved_pixels, saved_tokens) = made.prepare(picture, True), saved.prepare(picture, True)
         assert made_tokens == saved_tokens
         torch.testing.assert_close(made_pixels, saved_pixels, atol=0, rtol=0)
 
