@@ -3,7 +3,9 @@
 Called once when an engine starts, before anything is loaded:
 - an instruction-set level (`isa`) the backend does not list is refused (one line);
 - `dtype="auto"` becomes the backend's preferred dtype, or float32 for weights it multiplies in
-  integers (Capabilities.integer_quantizations; the copy returned says which);
+  integers (Capabilities.integer_quantizations; the copy returned says which); `vision_dtype`
+  "auto" (the model's dtype) becomes, beside such integer weights, the backend's preferred dtype
+  for a vision tower's float weights;
 - `quantize` becomes the method the weights are served in (core/quant/choice.py served_method:
   a GGUF file in its own blocks, a Hub checkpoint in its quantization_config's method);
 - shards (--num-shard > 1) where the backend declares why it cannot run them here
@@ -91,17 +93,22 @@ def check_capabilities(backend: str, caps: Capabilities, config: EngineConfig) -
     if quantize not in (None, NONE) and config.parallel.tensor_parallel_size > 1:
         raise BackendCapabilityError(f"--quantize {quantize} cannot be combined with --num-shard "
                                      f"{config.parallel.tensor_parallel_size}: quantized weights are not split over shards")
-    dtype = config.model.dtype
+    dtype, vision_dtype = config.model.dtype, config.model.vision_dtype
     if dtype == "auto":
+        preferred = levels.get(config.isa, caps.preferred_dtype)
         if quantize in caps.integer_quantizations and "float32" in caps.dtypes:
             dtype, why = "float32", f"{quantize} weights are multiplied in integers"
+            if vision_dtype == "auto":  # a vision tower's weights are floats: the backend's float choice
+                vision_dtype = preferred
         else:
-            dtype, why = levels.get(config.isa, caps.preferred_dtype), "the backend prefers it"
+            dtype, why = preferred, "the backend prefers it"
         logger.info("dtype %s: %s (backend %r)", dtype, why, backend)
-        config = replace(config, model=replace(config.model, dtype=dtype))
-    if dtype not in caps.dtypes:
-        raise BackendCapabilityError(f"backend {backend!r} does not support dtype {dtype!r}; "
-                                     f"it supports: {_listed(caps.dtypes)}")
+    if (dtype, vision_dtype) != (config.model.dtype, config.model.vision_dtype):
+        config = replace(config, model=replace(config.model, dtype=dtype, vision_dtype=vision_dtype))
+    for name in {dtype, vision_dtype} - {"auto"}:
+        if name not in caps.dtypes:
+            raise BackendCapabilityError(f"backend {backend!r} does not support dtype {name!r}; "
+                                         f"it supports: {_listed(caps.dtypes)}")
     block_size = config.cache.block_size
     if block_size not in caps.block_sizes:
         raise BackendCapabilityError(f"backend {backend!r} does not support KV block size {block_size}; "

@@ -49,6 +49,11 @@ class ModelConfig:
     # llama.cpp's mmproj GGUF (--mmproj): the vision tower and connector served with the language
     # model's GGUF in `model` (core/loader/mmproj.py); None: the model as it is.
     mmproj: str | None = None
+    # A vision-language model's vision tower and connector: "auto" runs them in `dtype`; where
+    # `dtype` "auto" became float32 only because the language model's weights are multiplied in
+    # integers, core/capabilities.py sets the float dtype the backend prefers (on a CPU with
+    # bfloat16 products, bfloat16). An explicit --dtype is the tower's too.
+    vision_dtype: str = "auto"
 
 
 # --kv-cache-dtype values (TGI's names for float8, llama.cpp's q8_0 in spirit for int8): "auto" stores

@@ -196,6 +196,11 @@ def load_model(model_config: ModelConfig, backend: BackendInterface, block_size:
             quantize_model(model, plan.quantize, head=model.output_head()) == 0:
         raise QuantizeError(f"--quantize {plan.quantize}: model {choice.describe()} has no linear this engine "
                             "quantizes")
+    vision_dtype = torch_dtype(model_config.vision_dtype) if model_config.vision_dtype != "auto" else plan.dtype
+    if model.vision_modules():
+        logger.info("vision tower in %s", str(vision_dtype).removeprefix("torch."))
+    for module in model.vision_modules():
+        module.to(vision_dtype)
     model.eval()
     specs = tuple(replace(spec, kv_cache_dtype=kv_cache_dtype) for spec in model.attention_specs)
     max_model_len = _max_model_len(model_config, plan.hf_config, type(model))

@@ -56,6 +56,11 @@ class CausalLM(nn.Module, ABC):
         those layers their own way; None (the default): run the layers as written."""
         return None
 
+    def vision_modules(self) -> tuple[nn.Module, ...]:
+        """A vision-language model's vision tower and connector, which the loader puts in
+        ModelConfig.vision_dtype (their encode_images reads their dtype); () for a text model."""
+        return ()
+
     def output_head(self) -> nn.Module | None:
         """The output projection as one of core's Linear layers, which --quantize treats as the
         head (core/quant/apply.py); None (the default) when the model has no such layer."""

@@ -73,6 +73,9 @@ class Idefics3ForConditionalGeneration(CausalLM):
         (ModelRunner.forward_images), since only it takes input embeddings."""
         return self.language.decoder_layout()
 
+    def vision_modules(self) -> tuple[nn.Module, ...]:
+        return self.vision_model, self.connector
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The text model's input embeddings of `input_ids` [T] -> [T, hidden]."""
         return self.language.model.embed_tokens(input_ids)

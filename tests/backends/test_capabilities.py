@@ -100,6 +100,24 @@ def test_auto_dtype_is_float32_for_integer_multiplied_weights_and_follows_a_forc
     assert check_capabilities("b", caps, replace(floats, isa="avx2")).model.dtype == "float32"
 
 
+def test_a_vision_tower_beside_integer_weights_takes_the_backends_float_dtype():
+    """The language model's float32 is for its integer products; a tower's float weights take what the
+    backend prefers for floats (at the level asked). An explicit --dtype, or vision_dtype, holds."""
+    caps = replace(CAPS, preferred_dtype="bfloat16", quantizations=("gguf",), integer_quantizations=("gguf",),
+                   isa_levels=(("avx2", "float32"), ("avx512-vnni", "bfloat16")))
+    pair = EngineConfig(model=ModelConfig(dtype="auto"))
+    settled = check_capabilities("b", caps, pair).model
+    assert (settled.dtype, settled.vision_dtype) == ("float32", "bfloat16")
+    assert check_capabilities("b", caps, replace(pair, isa="avx2")).model.vision_dtype == "float32"
+    assert check_capabilities("b", caps, EngineConfig(model=ModelConfig(dtype="float32"))).model.vision_dtype == "auto"
+    chosen = EngineConfig(model=ModelConfig(dtype="auto", vision_dtype="float32"))
+    assert check_capabilities("b", caps, chosen).model.vision_dtype == "float32"
+    floats = EngineConfig(model=ModelConfig(model="llama-tiny", load_format="dummy", dtype="auto"))
+    assert check_capabilities("b", caps, floats).model.vision_dtype == "auto"  # the model's dtype, bfloat16
+    with pytest.raises(BackendCapabilityError, match="dtype 'float16'"):
+        check_capabilities("b", caps, EngineConfig(model=ModelConfig(dtype="auto", vision_dtype="float16")))
+
+
 def test_an_instruction_set_level_the_backend_cannot_run_is_refused_in_one_line():
     caps = replace(CAPS, isa_levels=(("portable", "float32"), ("avx2", "float32")))
     with pytest.raises(BackendCapabilityError, match=r"^backend 'b' cannot run at instruction-set level 'amx' here; "

@@ -179,3 +179,21 @@ def test_a_backend_without_vision_encoders_serves_text_only(vlm, caplog):
     with pytest.raises(ValidationError, match="reads text only"):
         prepare_images(None, Request("r", [1, 4, 2], GREEDY, images=(image(8, 8, 1),)))
     prepare_images(None, Request("t", [1, 2], GREEDY))  # text: nothing to do
+
+
+def test_the_vision_tower_runs_in_its_own_dtype(vlm):
+    """ModelConfig.vision_dtype (core/capabilities.py sets it beside integer weights): the tower and
+    connector in bfloat16, the text model in float32; the image rows reach the float32 text model and
+    the answer stays close to the all-float32 one (its first token's log-probability within bf16's
+    rounding)."""
+    path, hf, processor = vlm
+    text = prompt_text(processor, None, "what is this?")
+    engine = EngineCore(EngineConfig(model=ModelConfig(model=str(path), vision_dtype="bfloat16"),
+                                     cache=CacheConfig(block_size=4, num_blocks=128), backend="cpu"))
+    model = engine.runner.model
+    assert {p.dtype for m in model.vision_modules() for p in m.parameters()} == {torch.bfloat16}
+    assert model.language.model.embed_tokens.weight.dtype == torch.float32
+    tokens, logprobs, _ = run(engine, [vision_request(processor, "b", text, [image(64, 48, 3)])])["b"]
+    expected = run(make_engine(path), [vision_request(processor, "f", text, [image(64, 48, 3)])])["f"]
+    assert len(tokens) == NUM_TOKENS
+    assert abs(logprobs[0] - expected[1][0]) < 0.05
