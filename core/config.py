@@ -113,6 +113,10 @@ class SchedulerConfig:
     # False: a prompt is computed whole in one step, never in chunks (an encoder's tokens attend
     # to the whole prompt; set by the engine for such models, core/pooling/serving.py).
     chunk_prompts: bool = True
+    # True: a prompt chunk never ends inside an image's image tokens (a model whose image tokens
+    # attend to each other both ways, CausalLM.bidirectional_images; set by the engine,
+    # core/engine/shard_worker.py; core/scheduling/encoder_budget.py decides where chunks stop).
+    whole_images: bool = False
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
 

@@ -78,6 +78,8 @@ def build_shard_model(config: EngineConfig, backend: Backend, shard: ShardInfo =
                         communicator=backend.communicator() if shard.sharded else None,
                         kv_cache_dtype=config.cache.kv_cache_dtype)
     config = serving_config(config, loaded, backend.name, backend.capabilities().pooling)  # a pooling model's
+    if loaded.model.bidirectional_images:  # no prompt chunk ends inside an image (core/multimodal/image_rows.py)
+        config = replace(config, scheduler=replace(config.scheduler, whole_images=True))
     drop_mapped_weight_pages()  # what reading read: a copied matrix's (a fused projection's) pages
     lora_targets = find_targets(loaded.model) if config.lora.enabled else None  # before prepare_model swaps layers
     backend.prepare_model(loaded, config)

@@ -72,7 +72,7 @@ class DecodeBuffers:
         blocks = [s.block_ids[p // block_size] for s, p in zip(scheduled, positions)]
         tokens = self._tokens_np
         tokens[0, :num] = [s.token_ids[0] for s in scheduled]
-        tokens[1, :num] = positions
+        tokens[1, :num] = [p + s.position_shift for s, p in zip(scheduled, positions)]  # images' M-RoPE shift
         tokens[2, :num] = np.multiply(blocks, block_size) + np.remainder(positions, block_size)
         self._seq_lens_np[:num] = np.add(positions, 1)
         rows, table = self._rows, self._table_np
@@ -97,10 +97,11 @@ class DecodeBuffers:
 
 
 def decode_only(scheduler_output: SchedulerOutput) -> bool:
-    """Whether a graph can run this step: every request one new token, none scores its prompt
-    and none pools (graphs return the logits of the last token of each row only)."""
+    """Whether a graph can run this step: every request one new token, none scores its prompt,
+    none pools (graphs return the logits of the last token of each row only) and none is an image's
+    token (its input embedding is the image's row: ModelRunner.forward_images)."""
     scheduled = scheduler_output.scheduled
-    return bool(scheduled) and not any(len(s.token_ids) != 1 or s.computes_prompt_logprobs or s.pools
+    return bool(scheduled) and not any(len(s.token_ids) != 1 or s.computes_prompt_logprobs or s.pools or s.images
                                        for s in scheduled)
 
 

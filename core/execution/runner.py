@@ -10,6 +10,8 @@ import torch
 from ..backend_contract import AttentionMetadata, BackendInterface, LoraBatch
 from ..lora.batch import BASE, lora_batch, slice_batch
 from ..multimodal.encoder_cache import EncoderCache
+from ..multimodal.image_rows import image_rows, row_seq_lens
+from ..multimodal.positions import grid_positions, shifted
 from ..multimodal.splice import spliced_embeddings
 from ..scheduling.output import ScheduledRequest, SchedulerOutput
 
@@ -43,18 +45,27 @@ def decodes_by_row(s: ScheduledRequest) -> bool:
     return len(s.token_ids) == 1 + s.num_draft_tokens
 
 
-def order_for_attention(scheduled: tuple[ScheduledRequest, ...], by_row: bool = False) -> list[ScheduledRequest]:
+def attends_by_row(s: ScheduledRequest, bidirectional_images: bool = False) -> bool:
+    """Whether a request's query tokens are decode rows without `by_row`: a decode (decodes_by_row),
+    and, for a model whose image tokens attend to each other both ways, a chunk with image tokens
+    (core/multimodal/image_rows.py)."""
+    return decodes_by_row(s) or (bidirectional_images and image_rows(s))
+
+
+def order_for_attention(scheduled: tuple[ScheduledRequest, ...], by_row: bool = False,
+                        bidirectional_images: bool = False) -> list[ScheduledRequest]:
     """Decode rows first, as AttentionMetadata promises the kernels."""
     if by_row:
         return list(scheduled)
-    decodes = [s for s in scheduled if decodes_by_row(s)]
+    decodes = [s for s in scheduled if attends_by_row(s, bidirectional_images)]
     if len(decodes) == len(scheduled):
         return list(scheduled)
-    return decodes + [s for s in scheduled if not decodes_by_row(s)]
+    return decodes + [s for s in scheduled if not attends_by_row(s, bidirectional_images)]
 
 
 def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device,
-                     by_row: bool = False, lora_slots: Mapping[str, int] | None = None) -> StepInput:
+                     by_row: bool = False, lora_slots: Mapping[str, int] | None = None,
+                     bidirectional_images: bool = False) -> StepInput:
     """The host-side lists are built in plain Python and each becomes one tensor: a step
     holds few tokens, and small torch ops cost more than the lists (repeat_interleave and
     advanced indexing also start OpenMP regions, which stall for milliseconds on a busy
@@ -62,8 +73,10 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     attends to the cache up to its own position, written before any row attends), so the
     attention of a token does not depend on how its prompt was cut into chunks, on a cached
     prefix, or on the rows beside it (batch invariance, where the runner asks for it). `lora_slots`:
-    the slot of each adapter of the step (core/lora/manager.py activate), when LoRA is on."""
-    ordered = order_for_attention(scheduler_output.scheduled, by_row)
+    the slot of each adapter of the step (core/lora/manager.py activate), when LoRA is on.
+    `bidirectional_images`: a chunk with image tokens is decode rows, an image token's attending
+    up to its image's last token (core/multimodal/image_rows.py; CausalLM.bidirectional_images)."""
+    ordered = order_for_attention(scheduler_output.scheduled, by_row, bidirectional_images)
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -78,12 +91,14 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     for s in ordered:
         n, start, first = len(s.token_ids), s.num_computed_tokens, query_start_loc[-1]
         input_ids.extend(s.token_ids)
-        positions.extend(range(start, start + n))
+        # images whose grids shift the positions after them (core/multimodal/positions.py)
+        positions.extend(shifted(s.images, start, n, s.position_shift) if s.images or s.position_shift
+                         else range(start, start + n))
         slot_mapping.extend(_slots(s.block_ids, start, start + n, block_size))
-        if by_row or decodes_by_row(s):  # n rows of one query token
+        if by_row or attends_by_row(s, bidirectional_images):  # n rows of one query token
             num_decodes += n
             query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + n + 1))
-            seq_lens.extend(range(start + 1, start + n + 1))
+            seq_lens.extend(row_seq_lens(s) if bidirectional_images and s.images else range(start + 1, start + n + 1))
             rows.extend([s] * n)
         else:
             query_start_loc.append(query_start_loc[-1] + n)
@@ -158,6 +173,7 @@ class ModelRunner:
         # LoRA adapters (core/lora/manager.py), set by the loader where they are on; None: off
         self.lora = None
         self.encoder_cache = EncoderCache()  # image embeddings by content hash (core/multimodal)
+        self.bidirectional_images = model.bidirectional_images  # its image tokens attend both ways (image_rows.py)
 
     @torch.inference_mode()
     def copy_kv(self, copies) -> None:
@@ -177,7 +193,7 @@ class ModelRunner:
         """Returns float32 logits [R, vocab] of the requests that sample (ScheduledRequest.num_logits
         rows each: one, or k + 1 for a request verifying k proposals), and their ids."""
         step = build_step_input(scheduler_output, self.block_size, self.backend.device, self.by_row,
-                                self._lora_slots(scheduler_output))
+                                self._lora_slots(scheduler_output), self.bidirectional_images)
         with self._lora_rows(step.lora):
             hidden = (self.forward_images(scheduler_output, step) if _has_images(scheduler_output)
                       else self.forward(step))
@@ -207,9 +223,12 @@ class ModelRunner:
     def forward_images(self, scheduler_output: SchedulerOutput, step: StepInput) -> torch.Tensor:
         """A step that computes image tokens: always the model's own forward, given the step's
         input embeddings with the images' written in (core/multimodal/splice.py)."""
-        ordered = order_for_attention(scheduler_output.scheduled, self.by_row)
+        ordered = order_for_attention(scheduler_output.scheduled, self.by_row, self.bidirectional_images)
         embeds = spliced_embeddings(self.model, step.input_ids, ordered, self.encoder_cache)
-        return self.model(step.input_ids, step.positions, self.kv_caches, step.meta, inputs_embeds=embeds)
+        positions = step.positions
+        if self.model.grid_positions:  # M-RoPE: the image tokens' 3D positions [3, T]
+            positions = torch.tensor(grid_positions(ordered, positions.tolist()), device=positions.device)
+        return self.model(step.input_ids, positions, self.kv_caches, step.meta, inputs_embeds=embeds)
 
     def forward(self, step: StepInput) -> torch.Tensor:
         """The final hidden states of every token of the step [T, hidden]."""

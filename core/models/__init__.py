@@ -21,12 +21,14 @@ from torch import nn
 from .bert import BertEmbeddingModel
 from .decoder_embedding import LlamaEmbeddingModel
 from .gemma import GemmaForCausalLM
+from .gemma3_vision import Gemma3ForConditionalGeneration
 from .idefics3 import Idefics3ForConditionalGeneration
 from .errors import UnsupportedModelError
 from .llama import KernelFactory, LlamaForCausalLM, attention_specs
 from .modernbert import ModernBertEmbeddingModel
 from .moe import MoeForCausalLM
 from .phi3 import Phi3ForCausalLM
+from .qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 from .sharding import check_shardable
 from ..pooling.spec import PoolingSpec
 
@@ -44,6 +46,9 @@ MODEL_TYPES: dict[str, type[nn.Module]] = {
     "gemma3_text": GemmaForCausalLM,
     "idefics3": Idefics3ForConditionalGeneration,  # images in, text out (core/multimodal)
     "smolvlm": Idefics3ForConditionalGeneration,
+    "gemma3": Gemma3ForConditionalGeneration,  # bidirectional image tokens (core/multimodal/image_rows.py)
+    "qwen2_vl": Qwen2VLForConditionalGeneration,  # M-RoPE (core/multimodal/positions.py)
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
 }
 MODEL_IMPLS = ("auto", "native", "transformers")
 # model_type -> the class that serves it for embeddings; the encoders serve nothing else

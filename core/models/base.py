@@ -31,6 +31,15 @@ class CausalLM(nn.Module, ABC):
     # the runner writes image rows over the image tokens' input embeddings (core/multimodal/splice.py).
     # None: a text model.
     image_family: str | None = None
+    # True: a step with image tokens gives forward positions [3, T] (M-RoPE's t, h, w: the image
+    # tokens' from their image's grid, core/multimodal/positions.py); every other step, 1D
+    # positions already shifted by the images before them. False: positions [T] always.
+    grid_positions: bool = False
+    # True: the image tokens of one image (its Expansion's embed_offsets, one run) attend to each
+    # other both ways (Gemma 3); everything else is causal. The scheduler never ends a prompt chunk
+    # inside such a run, and the runner lays a chunk with image tokens out as decode rows, each image
+    # token's row attending up to its image's last token (core/multimodal/image_rows.py).
+    bidirectional_images: bool = False
 
     @classmethod
     def context_limit(cls, hf_config: Any) -> int | None:

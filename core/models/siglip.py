@@ -1,5 +1,7 @@
 """SigLIP's vision transformer as Idefics3 / SmolVLM use it, and their pixel-shuffle connector,
-in plain torch (transformers' module names, so checkpoints load by name).
+in plain torch (transformers' module names, so checkpoints load by name). Gemma 3's tower is the
+same transformer with SigLIP's own position embeddings (FullGridVisionTransformer: one fixed frame
+size, each patch at its own grid position); its projector is in gemma3_vision.py.
 
 An image arrives as its processor's frames, [F, 3, S, S] (the tiles and the global view of one
 image, every frame the same size); each frame is cut into patches, embedded with the position
@@ -48,6 +50,17 @@ class VisionEmbeddings(nn.Module):
         embeddings = self.patch_embedding(pixels).flatten(2).transpose(1, 2)
         rows, cols = pixels.shape[2] // self.patch_size, pixels.shape[3] // self.patch_size
         return embeddings + self.position_embedding(self.position_ids(rows, cols, pixels.device))
+
+
+class FullGridEmbeddings(VisionEmbeddings):
+    """SigLIP's own rule (Gemma 3's tower): a frame is exactly image_size a side, and each patch
+    takes the position embedding of its own place in the grid, row after row."""
+
+    def position_ids(self, rows: int, cols: int, device: torch.device) -> torch.Tensor:
+        side = self.num_patches_per_side
+        if (rows, cols) != (side, side):
+            raise ValueError(f"a frame of {rows}x{cols} patches for a tower of {side}x{side}")
+        return torch.arange(rows * cols, device=device)
 
 
 class VisionAttention(nn.Module):
@@ -102,11 +115,14 @@ class VisionEncoder(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """Frames [F, 3, H, W] -> patch states [F, patches, vision hidden]."""
+    """Frames [F, 3, H, W] -> patch states [F, patches, vision hidden]. `embeddings_class`: how
+    patches take their position embeddings (Idefics3's bucketed grid by default)."""
+
+    embeddings_class: type[VisionEmbeddings] = VisionEmbeddings
 
     def __init__(self, config: Any):
         super().__init__()
-        self.embeddings = VisionEmbeddings(config)
+        self.embeddings = self.embeddings_class(config)
         self.encoder = VisionEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -115,6 +131,12 @@ class VisionTransformer(nn.Module):
         for layer in self.encoder.layers:
             hidden = layer(hidden)
         return self.post_layernorm(hidden)
+
+
+class FullGridVisionTransformer(VisionTransformer):
+    """SigLIP with its own position embeddings (Gemma 3): frames of exactly image_size."""
+
+    embeddings_class = FullGridEmbeddings
 
 
 class ModalityProjection(nn.Module):

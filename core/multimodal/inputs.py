@@ -46,7 +46,7 @@ class ImageSpan:
     offset + r, r in `embed_offsets`, take the rows of its encoder output, in order.
     `content_hash` is its ImageData.key. `pixels` is the image processor's output for it, made
     when the encoder first needs it (core/multimodal/pixels.py `Pixels`; opaque here). `grid`:
-    its Expansion's (core/multimodal/families.py), () for families whose positions are plain."""
+    its Expansion's (core/multimodal/family.py), () for families whose positions are plain."""
 
     offset: int
     length: int

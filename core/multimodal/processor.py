@@ -17,7 +17,8 @@ from functools import partial
 from typing import Any
 
 from ..params import ValidationError
-from .families import Expansion, ImageFamily, family_for
+from .families import FAMILIES, family_for
+from .family import Expansion, ImageFamily
 from .inputs import ImageData, ImageSpan
 from .pixels import Pixels
 
@@ -30,15 +31,6 @@ def decode_image(image: ImageData) -> Any:
 
     with Image.open(io.BytesIO(image.data)) as opened:
         return opened.convert("RGB")
-
-
-def load_hf_processor(directory: str) -> Any:
-    """transformers' processor saved with the model. Its image processor is the fast (torchvision)
-    one where torchvision is installed, else transformers falls back to the PIL one (one warning).
-    Nothing is downloaded."""
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(directory, local_files_only=True)
 
 
 def processor_from_config(processor_config: dict[str, Any], tokenizer_files: tuple[str, str | None]) -> Any:
@@ -122,6 +114,7 @@ class ImagePrompts:
             expanded.extend(expansion.tokens)
             previous = place + 1
         expanded.extend(ids[previous:])
+        expanded, spans = self.family.joined(expanded, spans)  # edges merged as the processor tokenizes
         request.prompt_token_ids = expanded
         request.image_spans = tuple(spans)
         request.images = ()  # the pixels are on the spans now
@@ -157,7 +150,7 @@ def image_prompts_for(loaded: Any, backend: Any) -> ImagePrompts | None:
     if processor_config is not None:
         processor = processor_from_config(processor_config, loaded.source.tokenizer_files)
     elif loaded.source.directory is not None:
-        processor = load_hf_processor(loaded.source.directory)
+        processor = FAMILIES[loaded.model.image_family].load_processor(loaded.source.directory)
     else:
         return None
     return ImagePrompts(family_for(loaded.model, processor))

@@ -28,6 +28,10 @@ class ScheduledRequest:
     # The images (core/multimodal ImageSpan) whose placeholder tokens this step computes some of:
     # the runner writes their encoder output over those tokens' input embeddings.
     images: tuple = ()
+    # How far the positions of its first token on are shifted by the images before them that it
+    # does not touch (core/multimodal/positions.py: M-RoPE's image grids; 0 without grids): a
+    # token's 1D position is its index plus this plus the deltas of `images` that end before it.
+    position_shift: int = 0
 
     @property
     def draft_token_ids(self) -> tuple[int, ...]:

@@ -39,7 +39,8 @@ from collections import deque
 from ..config import EngineConfig, SchedulerConfig
 from ..kv import BlockPool, KVCacheManager
 from ..multimodal.inputs import spans_in
-from .encoder_budget import fit_images
+from ..multimodal.positions import position_shift
+from .encoder_budget import fit_images, stop_outside_images
 from ..params import ValidationError
 from .adapters import AdapterLimit
 from .prefill_policy import PrefillPolicy
@@ -187,7 +188,7 @@ class Scheduler:
         if not request.image_spans:
             return num_tokens
         return fit_images(request.image_spans, request.num_computed_tokens if start is None else start, num_tokens,
-                          draft.encoder_rows, self.config.max_num_batched_tokens)
+                          draft.encoder_rows, self.config.max_num_batched_tokens, self.config.whole_images)
 
     def _make_room(self, request: Request, index: int, num_wanted: int, draft: StepDraft) -> int:
         """Allocate for up to `num_wanted` tokens, preempting later-admitted requests not
@@ -201,6 +202,8 @@ class Scheduler:
             if victim_index is None:
                 break
             self._preempt_at(victim_index, draft)
+        if num_new < num_wanted and self.config.whole_images and request.image_spans:  # no chunk ends inside an image
+            num_new = stop_outside_images(request.image_spans, request.num_computed_tokens, num_new)
         if num_new <= 0:
             return 0
         allocated = manager.allocate_slots(request, num_new)
@@ -276,6 +279,7 @@ class Scheduler:
                                       and not request.output_token_ids
                                       and start < request.num_prompt_tokens - 1),
             images=spans_in(request.image_spans, start, stop) if request.image_spans else (),
+            position_shift=position_shift(request.image_spans, start) if request.image_spans else 0,
         )
 
     def _preempt_at(self, index: int, draft: StepDraft) -> None:

@@ -1,5 +1,5 @@
-"""A `switchyard serve` process seen from a test or a benchmark: a loopback port for it, and a wait
-until it answers /health."""
+"""Servers seen from a test or a benchmark: a loopback port for one, a wait until a `switchyard serve`
+process answers /health, an app served in a test's own event loop."""
 from __future__ import annotations
 
 import socket
@@ -29,3 +29,23 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float) -> None:
             pass
         assert time.monotonic() < deadline, "the server never became healthy"
         time.sleep(0.3)
+
+
+def serve_on_loop(app, loop, **config):
+    """`app` served by uvicorn on 127.0.0.1 (a free port) in `loop`, an asyncio loop another thread
+    runs, once it has started: (the uvicorn.Server, its base URL). Set server.should_exit to stop it.
+    `config`: more uvicorn.Config options."""
+    import asyncio
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           **config))
+    server.install_signal_handlers = lambda: None  # not the main thread
+    asyncio.run_coroutine_threadsafe(server.serve(), loop)
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    return server, f"http://127.0.0.1:{port}"

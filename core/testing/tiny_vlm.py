@@ -24,15 +24,23 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 
 
-def tiny_tokenizer(vocab_size: int = 300):
+def byte_bpe(corpus: list[str], specials: list[str], vocab_size: int):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus`, `specials` first in its vocabulary:
+    the tiny test models' tokenizers, each family's wrapped with its own special tokens and template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tokenizer
+
+
+def tiny_tokenizer(vocab_size: int = 300):
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = byte_bpe(CORPUS, SPECIALS, vocab_size)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<end_of_utterance>",
                                    pad_token="<|endoftext|>", bos_token="<|im_start|>",
                                    additional_special_tokens=SPECIALS[2:], chat_template=CHAT_TEMPLATE)
@@ -84,3 +92,15 @@ def png_bytes(width: int, height: int, seed: int = 0, fmt: str = "PNG") -> bytes
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format=fmt)
     return out.getvalue()
+
+
+def hf_greedy_scored(hf, inputs, num_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy `generate` on a processor's `inputs`: (the new tokens, each one's
+    log-probability), what the vision tests compare the engine's with."""
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(**inputs, max_new_tokens=num_tokens, do_sample=False, output_scores=True,
+                          return_dict_in_generate=True)
+    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    return tokens, [torch.log_softmax(score[0].float(), -1)[t].item() for score, t in zip(out.scores, tokens)]

@@ -13,7 +13,7 @@ from switchyard.core.engine.core import EngineCore
 from switchyard.core.multimodal.inputs import ImageData
 from switchyard.core.params import SamplingParams, ValidationError
 from switchyard.core.scheduling.request import Request
-from switchyard.core.testing.tiny_vlm import png_bytes, tiny_idefics3
+from switchyard.core.testing.tiny_vlm import hf_greedy_scored, png_bytes, tiny_idefics3
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
@@ -42,12 +42,7 @@ def hf_greedy(hf, processor, text: str, images: list[ImageData]) -> tuple[list[i
 
     pictures = [Image.open(io.BytesIO(i.data)).convert("RGB") for i in images]
     inputs = processor(text=text, images=pictures or None, return_tensors="pt")
-    with torch.no_grad():
-        out = hf.generate(**inputs, max_new_tokens=NUM_TOKENS, do_sample=False, output_scores=True,
-                          return_dict_in_generate=True)
-    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    logprobs = [torch.log_softmax(score[0].float(), -1)[t].item() for score, t in zip(out.scores, tokens)]
-    return tokens, logprobs
+    return hf_greedy_scored(hf, inputs, NUM_TOKENS)
 
 
 def make_engine(path, budget: int = 2048, num_blocks: int = 128, compile_decode: bool = False) -> EngineCore:

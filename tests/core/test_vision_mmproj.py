@@ -27,11 +27,12 @@ from switchyard.core.loader import choose_model
 from switchyard.core.loader.mmproj import MmprojError, MmprojWeights, read_mmproj
 from switchyard.core.models.plain_config import PlainConfig
 from switchyard.core.multimodal.inputs import ImageData
-from switchyard.core.multimodal.families import Idefics3Family
-from switchyard.core.multimodal.processor import decode_image, load_hf_processor, processor_from_config
+from switchyard.core.multimodal.idefics3 import Idefics3Family
+from switchyard.core.multimodal.family import load_hf_processor
+from switchyard.core.multimodal.processor import decode_image, processor_from_config
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
-from switchyard.core.testing.tiny_vlm import SPECIALS, CHAT_TEMPLATE, png_bytes, tiny_idefics3
+from switchyard.core.testing.tiny_vlm import CHAT_TEMPLATE, SPECIALS, hf_greedy_scored, png_bytes, tiny_idefics3
 
 PEERS = os.path.expanduser("~/.cache/switchyard-peers")
 LLAMA_CPP = os.path.join(PEERS, "src", "llama_cpp_python-0.3.36", "vendor", "llama.cpp")
@@ -341,11 +342,7 @@ def hf_answers(hf, processor) -> dict[str, tuple[list[int], list[float]]]:
     for case, (text, images) in prompts(processor).items():
         pictures = [Image.open(io.BytesIO(i.data)).convert("RGB") for i in images]
         inputs = processor(text=text, images=pictures, return_tensors="pt")
-        with torch.no_grad():
-            gen = hf.generate(**inputs, max_new_tokens=NUM_TOKENS, do_sample=False, output_scores=True,
-                              return_dict_in_generate=True)
-        tokens = gen.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-        out[case] = (tokens, [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(gen.scores, tokens)])
+        out[case] = hf_greedy_scored(hf, inputs, NUM_TOKENS)
     return out
 
 

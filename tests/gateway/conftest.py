@@ -19,7 +19,7 @@ from served_engine import MODEL_NAME, default_engine_config, start_engine, stop_
 from switchyard.core.engine.client import InProcessEngineClient
 from switchyard.gateway.app import create_app
 from switchyard.gateway.settings import ServerSettings
-from switchyard.core.testing.serving import free_port
+from switchyard.core.testing.serving import serve_on_loop
 
 
 @dataclass
@@ -85,20 +85,9 @@ def start_server(engine_client):
 
 def serve(loop_thread: _LoopThread, client, settings: ServerSettings) -> RunningServer:
     """A uvicorn app of `settings` over `client`, started on a free port of `loop_thread`'s loop."""
-    import uvicorn
-
     app = create_app(settings, client)
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # not the main thread
-    asyncio.run_coroutine_threadsafe(server.serve(), loop_thread.loop)
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    return RunningServer(f"http://127.0.0.1:{port}", app, client, server)
+    server, url = serve_on_loop(app, loop_thread.loop, timeout_graceful_shutdown=2)
+    return RunningServer(url, app, client, server)
 
 
 @pytest.fixture(scope="session")

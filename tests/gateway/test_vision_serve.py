@@ -23,7 +23,7 @@ import pytest
 
 from served_engine import start_engine, stop_engine
 from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from switchyard.core.testing.serving import free_port, wait_healthy
+from switchyard.core.testing.serving import free_port, serve_on_loop, wait_healthy
 from switchyard.core.testing.tiny_vlm import png_bytes, tiny_idefics3
 from switchyard.gateway.app import create_app
 from switchyard.gateway.media import MediaPolicy
@@ -65,25 +65,15 @@ def engine(model_dir):
 @pytest.fixture(scope="module")
 def serve(engine):
     """serve(MediaPolicy) -> base URL of a uvicorn app over the module's engine."""
-    import uvicorn
-
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     servers = []
 
     def start(media: MediaPolicy = MediaPolicy()) -> str:
         app = create_app(ServerSettings(model_id=MODEL, media=media), engine)
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="off"))
-        server.install_signal_handlers = lambda: None
-        asyncio.run_coroutine_threadsafe(server.serve(), loop)
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        server, url = serve_on_loop(app, loop)
         servers.append(server)
-        return f"http://127.0.0.1:{port}"
+        return url
 
     yield start
     for server in servers:
