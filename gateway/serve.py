@@ -55,7 +55,7 @@ _SERVE_FLAGS = [
     ("--mmproj", ("MMPROJ",), str, None,
      "llama.cpp's mmproj GGUF of a vision-language model (its vision tower and connector), served with the "
      "language model's GGUF given to --model-id, as llama-server's -m TEXT.gguf --mmproj MMPROJ.gguf; projector "
-     "types served: idefics3 (Idefics3, SmolVLM) (default: none: the model reads text only)"),
+     "types served: idefics3 (Idefics3, SmolVLM), gemma3 (Gemma 3) (default: none: the model reads text only)"),
     ("--api-key", ("API_KEY",), str, None,
      "require Authorization: Bearer <key> on inference routes (default: none, every route open)"),
     ("--payload-limit", ("PAYLOAD_LIMIT",), int, 2_000_000, "largest request body in bytes"),

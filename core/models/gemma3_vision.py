@@ -17,7 +17,8 @@ tokens out as decode rows, an image token's row attending up to its image's last
 
 Checkpoint names: transformers 5's (`model.language_model.*`, `model.vision_tower.*`,
 `model.multi_modal_projector.*`, `lm_head.*`) and those it saves and the Hub's hold
-(`language_model.model.*`, `vision_tower[.vision_model].*`, `multi_modal_projector.*`).
+(`language_model.model.*`, `vision_tower[.vision_model].*`, `multi_modal_projector.*`); with a
+GGUF pair, the text GGUF's (the text model's own, `model.*`) and the mmproj file's (Hub names).
 """
 from __future__ import annotations
 
@@ -105,13 +106,14 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
 
     @staticmethod
     def route(name: str) -> tuple[str, str]:
-        """transformers 5's names and the Hub's (see the module's docstring)."""
-        name = name.removeprefix("model.")
-        if name.startswith("language_model."):
-            rest = name[len("language_model."):]
+        """transformers 5's names and the Hub's (see the module's docstring); the text model's own
+        names (`model.*`, `lm_head.*`: a GGUF pair's language model, core/loader/mmproj.py) as they are."""
+        part = name.removeprefix("model.")
+        if part.startswith("language_model."):
+            rest = part[len("language_model."):]
             return TEXT, rest if rest.startswith(("model.", "lm_head.")) else "model." + rest
-        if name.startswith("vision_tower."):
-            return TOWER, "vision_tower." + name[len("vision_tower."):].removeprefix("vision_model.")
-        if name.startswith("multi_modal_projector."):
-            return TOWER, name
-        return TEXT, name  # lm_head.*
+        if part.startswith("vision_tower."):
+            return TOWER, "vision_tower." + part[len("vision_tower."):].removeprefix("vision_model.")
+        if part.startswith("multi_modal_projector."):
+            return TOWER, part
+        return TEXT, name

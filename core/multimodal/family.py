@@ -18,6 +18,19 @@ def load_hf_processor(directory: str) -> Any:
     return AutoProcessor.from_pretrained(directory, local_files_only=True)
 
 
+def load_pair_tokenizer(tokenizer_files: tuple[str, str | None], **options: Any) -> Any:
+    """transformers' tokenizer of a GGUF pair's language model (`tokenizer_files`:
+    ModelSource.tokenizer_files, the GGUF's converted tokenizer files or the GGUF itself), its
+    tokenizer.json taken as it is: the pipeline the engine's own tokenizer runs (ServingTokenizer),
+    not the one a class named by the architecture would rebuild (transformers' GemmaTokenizer for
+    any gemma3 GGUF). `options` go to from_pretrained (Gemma 3's extra_special_tokens)."""
+    from transformers import PreTrainedTokenizerFast
+
+    directory, gguf_file = tokenizer_files
+    return PreTrainedTokenizerFast.from_pretrained(directory, **({"gguf_file": gguf_file} if gguf_file else {}),
+                                                   **options)
+
+
 @dataclass(frozen=True)
 class Expansion:
     """One image's placeholder, expanded: its token ids; which of them take the encoder's rows,
@@ -45,6 +58,14 @@ class ImageFamily(ABC):
         """The processor this family runs, saved with the checkpoint in `directory`: transformers'
         AutoProcessor (load_hf_processor), unless the family says otherwise."""
         return load_hf_processor(directory)
+
+    @classmethod
+    def processor_from_config(cls, processor_config: dict[str, Any], tokenizer_files: tuple[str, str | None]) -> Any:
+        """The processor for a model with no processor files (a GGUF pair): made as a checkpoint's
+        processor_config.json makes it (`processor_config`, laid out for this family, is decided
+        from the mmproj file's metadata: core/loader/mmproj_projectors.py), over the language
+        model's own tokenizer (load_pair_tokenizer). A family served from no GGUF pair says so."""
+        raise NotImplementedError(f"{cls.__name__} is not served from a GGUF + mmproj pair")
 
     @abstractmethod
     def prepare(self, image: Any, split: bool) -> tuple[Any, Expansion]:

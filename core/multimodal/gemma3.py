@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .family import Expansion, ImageFamily
+from .family import Expansion, ImageFamily, load_pair_tokenizer
 from .inputs import ImageSpan
 
 _LONGEST_RUN = 32  # newline runs looked up in the vocabulary (Gemma's has one token for up to 31)
@@ -40,6 +40,24 @@ class Gemma3Family(ImageFamily):
             ids = tokenizer.encode("\n" * count, add_special_tokens=False)
             if len(ids) == 1:
                 self.newline_runs.setdefault(ids[0], count)
+
+    @classmethod
+    def processor_from_config(cls, processor_config: dict[str, Any], tokenizer_files: tuple[str, str | None]) -> Any:
+        """transformers' Gemma3Processor with the PIL Gemma3 image processor (BILINEAR resizing to
+        the tower's size, as llama.cpp's clip.cpp), over the GGUF's tokenizer given the image
+        tokens the processor reads from it (a GGUF's tokenizer has them as plain added tokens)."""
+        from transformers import Gemma3Processor
+
+        try:  # transformers 5: the PIL image processor has its own class
+            from transformers.models.gemma3.image_processing_pil_gemma3 import \
+                Gemma3ImageProcessorPil as ImageProcessor
+        except ImportError:  # transformers 4: Gemma3ImageProcessor is the PIL one
+            from transformers import Gemma3ImageProcessor as ImageProcessor
+
+        tokens = {key: processor_config[key] for key in ("boi_token", "eoi_token", "image_token")}
+        tokenizer = load_pair_tokenizer(tokenizer_files, extra_special_tokens=tokens)
+        return Gemma3Processor(ImageProcessor(**processor_config["image_processor"]), tokenizer,
+                               image_seq_length=processor_config["image_seq_length"])
 
     def prepare(self, image: Any, split: bool) -> tuple[Any, Expansion]:
         return self.frames(image, split), self.expansion

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .family import Expansion, ImageFamily
+from .family import Expansion, ImageFamily, load_pair_tokenizer
 
 
 class Idefics3Family(ImageFamily):
@@ -17,6 +17,21 @@ class Idefics3Family(ImageFamily):
         super().__init__(processor)
         self.placeholder = processor.image_token
         self.placeholder_id = image_token_id
+
+    @classmethod
+    def processor_from_config(cls, processor_config: dict[str, Any], tokenizer_files: tuple[str, str | None]) -> Any:
+        """transformers' Idefics3 processor with the PIL image processor, the one its
+        AutoImageProcessor gives (LANCZOS resizing, as llama.cpp's)."""
+        from transformers import Idefics3Processor
+
+        try:  # transformers 5: the PIL image processor has its own class
+            from transformers.models.idefics3.image_processing_pil_idefics3 import \
+                Idefics3ImageProcessorPil as ImageProcessor
+        except ImportError:  # transformers 4: Idefics3ImageProcessor is the PIL one
+            from transformers import Idefics3ImageProcessor as ImageProcessor
+
+        return Idefics3Processor(ImageProcessor(**processor_config["image_processor"]),
+                                 load_pair_tokenizer(tokenizer_files), image_seq_len=processor_config["image_seq_len"])
 
     def prepare(self, image: Any, split: bool) -> tuple[Any, Expansion]:
         out = self._process(image, split)

@@ -2,7 +2,8 @@
 fast one where it can run; for a GGUF pair, made from its mmproj file's metadata) turns each
 image into its frames, and its placeholder token in the prompt into the model's expansion
 (Idefics3: a <fake_token_around_image><row_i_col_j> tile run of <image> tokens per tile, then the
-global view), tokenized with the model's tokenizer.
+global view), tokenized with the model's tokenizer. A GGUF pair's processor is its family's
+(`ImageFamily.processor_from_config`).
 
 It runs in the engine process at add_request, before the scheduler sees the request, so the
 scheduler, the KV cache and the prefix cache see the expanded prompt and its `ImageSpan`s. An
@@ -31,26 +32,6 @@ def decode_image(image: ImageData) -> Any:
 
     with Image.open(io.BytesIO(image.data)) as opened:
         return opened.convert("RGB")
-
-
-def processor_from_config(processor_config: dict[str, Any], tokenizer_files: tuple[str, str | None]) -> Any:
-    """transformers' Idefics3 processor for a model with no processor files (a GGUF pair): made as
-    a checkpoint's processor_config.json makes it (`processor_config`, laid out as that file, is
-    decided from the mmproj file's metadata: core/loader/mmproj.py), over the language model's own
-    tokenizer (`tokenizer_files`: ModelSource.tokenizer_files). Its image processor is the PIL one,
-    the one transformers' AutoImageProcessor gives Idefics3 (LANCZOS resizing, as llama.cpp's)."""
-    from transformers import AutoTokenizer, Idefics3Processor
-
-    try:  # transformers 5: the PIL image processor has its own class
-        from transformers.models.idefics3.image_processing_pil_idefics3 import \
-            Idefics3ImageProcessorPil as ImageProcessor
-    except ImportError:  # transformers 4: Idefics3ImageProcessor is the PIL one
-        from transformers import Idefics3ImageProcessor as ImageProcessor
-
-    directory, gguf_file = tokenizer_files
-    tokenizer = AutoTokenizer.from_pretrained(directory, **({"gguf_file": gguf_file} if gguf_file else {}))
-    return Idefics3Processor(ImageProcessor(**processor_config["image_processor"]), tokenizer,
-                             image_seq_len=processor_config["image_seq_len"])
 
 
 class ExpansionMemo:
@@ -146,11 +127,12 @@ def image_prompts_for(loaded: Any, backend: Any) -> ImagePrompts | None:
         logger.warning("backend %s does not run vision encoders: this model serves text only, and a request "
                        "with images is refused", backend.name)
         return None
+    family = FAMILIES[loaded.model.image_family]
     processor_config = getattr(loaded.hf_config, "processor_config", None)  # a GGUF pair's (no processor files)
     if processor_config is not None:
-        processor = processor_from_config(processor_config, loaded.source.tokenizer_files)
+        processor = family.processor_from_config(processor_config, loaded.source.tokenizer_files)
     elif loaded.source.directory is not None:
-        processor = FAMILIES[loaded.model.image_family].load_processor(loaded.source.directory)
+        processor = family.load_processor(loaded.source.directory)
     else:
         return None
     return ImagePrompts(family_for(loaded.model, processor))

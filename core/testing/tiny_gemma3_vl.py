@@ -22,6 +22,11 @@ SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<sta
 NEWLINES = ["\n" * n for n in range(1, 9)]  # Gemma's vocabulary has a token for each run of newlines
 IMAGE_SIZE, PATCH_SIZE, TOKENS_PER_IMAGE = 32, 8, 4
 SLIDING_WINDOW = 32
+# a text model a gemma3 GGUF describes as the checkpoint does: llama.cpp's fixed layer pattern (every
+# sixth layer global, so two sliding layers) and no query_pre_attn_scalar key (head_dim it is, 256
+# where the GGUF is read back, as in Gemma 3 1B-12B)
+GGUF_TEXT_OPTIONS = {"layer_types": ["sliding_attention", "sliding_attention"], "head_dim": 256,
+                     "query_pre_attn_scalar": 256}
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -45,14 +50,17 @@ def tiny_tokenizer(vocab_size: int = 320):
         chat_template=CHAT_TEMPLATE)
 
 
-def tiny_gemma3_vl(path, seed: int = 1):
+def tiny_gemma3_vl(path, seed: int = 1, tokenizer=None, text_options: dict | None = None):
     """Saves a tiny Gemma 3 vision-language checkpoint and its processor under `path`; returns
-    (hf model, processor)."""
+    (hf model, processor). `tokenizer`: one with Gemma 3's image tokens (boi_token, eoi_token,
+    image_token) in place of the tiny one (a tokenizer llama.cpp's converter knows:
+    tests/core/test_vision_mmproj_gemma3.py); `text_options`: text config entries in place of the
+    defaults (a text model a GGUF can describe: GGUF_TEXT_OPTIONS)."""
     import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    tokenizer = tiny_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer()
     image_processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
                                               image_mean=[0.5] * 3, image_std=[0.5] * 3)
     processor = Gemma3Processor(image_processor, tokenizer, image_seq_length=TOKENS_PER_IMAGE,
@@ -64,12 +72,12 @@ def tiny_gemma3_vl(path, seed: int = 1):
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=2, num_attention_heads=4, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE,
                            vision_use_head=False, layer_norm_eps=1e-6),
-        text_config=dict(model_type="gemma3_text", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
-                         sliding_window=SLIDING_WINDOW, max_position_embeddings=512, rms_norm_eps=1e-6,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True))
+        text_config={**dict(model_type="gemma3_text", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+                            sliding_window=SLIDING_WINDOW, max_position_embeddings=512, rms_norm_eps=1e-6,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                            bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True), **(text_options or {})})
     torch.manual_seed(seed)
     hf = Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():  # random weights big enough that images, and how they are attended, change the answer

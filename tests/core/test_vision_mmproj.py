@@ -22,22 +22,18 @@ import numpy as np
 import pytest
 import torch
 
-from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.config import ModelConfig
 from switchyard.core.loader import choose_model
-from switchyard.core.loader.mmproj import MmprojError, MmprojWeights, read_mmproj
+from switchyard.core.loader.mmproj import MmprojWeights, read_mmproj
 from switchyard.core.models.plain_config import PlainConfig
 from switchyard.core.multimodal.inputs import ImageData
 from switchyard.core.multimodal.idefics3 import Idefics3Family
 from switchyard.core.multimodal.family import load_hf_processor
-from switchyard.core.multimodal.processor import decode_image, processor_from_config
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
-from switchyard.core.testing.tiny_vlm import CHAT_TEMPLATE, SPECIALS, hf_greedy_scored, png_bytes, tiny_idefics3
+from switchyard.core.testing.tiny_vlm import CHAT_TEMPLATE, SPECIALS, hf_greedy_scored, tiny_idefics3
+from mmproj_pairs import CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image, refusal
 
-PEERS = os.path.expanduser("~/.cache/switchyard-peers")
-LLAMA_CPP = os.path.join(PEERS, "src", "llama_cpp_python-0.3.36", "vendor", "llama.cpp")
-CONVERTER = os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py")
-CONVERT_PYTHON = os.path.join(PEERS, "convert-venv", "bin", "python")
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
 CASES = {"one image": ([None, "what is this?"], [(64, 48, 1)]),
@@ -117,9 +113,6 @@ def tiny(tmp_path_factory):
     return path, hf, processor
 
 
-def image(width: int, height: int, seed: int) -> ImageData:
-    return ImageData.of(png_bytes(width, height, seed), width, height, "PNG")
-
 
 # -- the mapping, with files written here (no converter needed) ---------------------------------
 @pytest.mark.parametrize("tensor_type", ["f32", "f16", "q8_0"])
@@ -151,13 +144,9 @@ def test_the_processor_made_from_the_metadata_prepares_images_as_the_checkpoints
     write_mmproj(str(tmp_path / "mmproj.gguf"), hf, processor)
     config = read_mmproj(str(tmp_path / "mmproj.gguf")).processor_config
     assert config["image_seq_len"] == processor.image_seq_len
-    made = Idefics3Family(processor_from_config(config, (str(path), None)), hf.config.image_token_id)
+    made = Idefics3Family(Idefics3Family.processor_from_config(config, (str(path), None)), hf.config.image_token_id)
     saved = Idefics3Family(load_hf_processor(str(path)), hf.config.image_token_id)
-    for index, size in enumerate([(64, 48), (20, 30), (100, 33), (32, 32)]):
-        picture = decode_image(image(*size, seed=index))
-        (made_pixels, made_tokens), (saved_pixels, saved_tokens) = made.prepare(picture, True), saved.prepare(picture, True)
-        assert made_tokens == saved_tokens
-        torch.testing.assert_close(made_pixels, saved_pixels, atol=0, rtol=0)
+    assert_prepares_alike(made, saved)
 
 
 # -- refusals: one line, at start, naming the problem -------------------------------------------
@@ -177,13 +166,6 @@ def text_gguf(tiny, tmp_path_factory):
     return path
 
 
-def refusal(text: str, mmproj: str) -> str:
-    with pytest.raises(MmprojError) as error:
-        choose_model(ModelConfig(model=text, mmproj=mmproj, cache_dir=""))
-    message = str(error.value)
-    assert "\n" not in message
-    return message
-
 
 def test_a_file_that_is_not_a_gguf_is_refused(text_gguf, tmp_path):
     junk = tmp_path / "mmproj.gguf"
@@ -198,9 +180,10 @@ def test_a_gguf_without_a_vision_tower_is_refused(text_gguf):
 
 def test_a_projector_type_not_served_is_named(tiny, text_gguf, tmp_path):
     _, hf, processor = tiny
-    write_mmproj(str(tmp_path / "m.gguf"), hf, processor, **{"clip.projector_type": "gemma3"})
+    write_mmproj(str(tmp_path / "m.gguf"), hf, processor, **{"clip.projector_type": "qwen2vl_merger"})  # Qwen2-VL's
     message = refusal(text_gguf, str(tmp_path / "m.gguf"))
-    assert "projector type 'gemma3', which is not served" in message and "idefics3" in message
+    assert "projector type 'qwen2vl_merger', which is not served" in message
+    assert "idefics3" in message and "gemma3" in message
 
 
 def test_a_tower_that_projects_to_another_width_than_the_text_model_is_refused(tiny, text_gguf, tmp_path):
@@ -286,7 +269,7 @@ def convert(directory: str, out: str, *flags: str) -> str:
 def converted(tmp_path_factory):
     """A tiny Idefics3 with SmolVLM's tokenizer, converted by llama.cpp: the text GGUF in F32 and
     Q8_0, the mmproj in F32 and F16."""
-    if not (os.path.isfile(CONVERTER) and os.access(CONVERT_PYTHON, os.X_OK)):
+    if not converter_present():
         pytest.skip(f"llama.cpp's converter is not here ({CONVERTER} run by {CONVERT_PYTHON}); "
                     "the mapping is covered by the GGUFWriter tests")
     root = tmp_path_factory.mktemp("pair")
@@ -304,12 +287,6 @@ def converted(tmp_path_factory):
              "f16": convert(checkpoint, str(root / "mmproj-f16.gguf"), "--mmproj", "--outtype", "f16")}
     return checkpoint, hf, processor, files, str(root / "cache")
 
-
-def engine(model_config: ModelConfig):
-    from switchyard.core.engine.core import EngineCore
-
-    return EngineCore(EngineConfig(model=model_config, cache=CacheConfig(block_size=4, num_blocks=256),
-                                   scheduler=SchedulerConfig(max_num_batched_tokens=2048), backend="cpu"))
 
 
 def prompts(processor) -> dict[str, tuple[str, tuple[ImageData, ...]]]:

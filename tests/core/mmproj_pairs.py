@@ -1,0 +1,56 @@
+"""What the GGUF + mmproj pair tests of each family share (test_vision_mmproj.py: Idefics3,
+test_vision_mmproj_gemma3.py: Gemma 3): llama.cpp's converter where it is installed, test images, a
+refusal's one line, an engine on the CPU, and the check that a processor made from an mmproj file's
+metadata prepares images as the checkpoint's own."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from switchyard.core.loader import choose_model
+from switchyard.core.loader.mmproj import MmprojError
+from switchyard.core.multimodal.inputs import ImageData
+from switchyard.core.multimodal.processor import decode_image
+from switchyard.core.testing.tiny_vlm import png_bytes
+
+PEERS = os.path.expanduser("~/.cache/switchyard-peers")
+LLAMA_CPP = os.path.join(PEERS, "src", "llama_cpp_python-0.3.36", "vendor", "llama.cpp")
+CONVERTER = os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py")
+CONVERT_PYTHON = os.path.join(PEERS, "convert-venv", "bin", "python")
+
+
+def converter_present() -> bool:
+    return os.path.isfile(CONVERTER) and os.access(CONVERT_PYTHON, os.X_OK)
+
+
+def image(width: int, height: int, seed: int) -> ImageData:
+    return ImageData.of(png_bytes(width, height, seed), width, height, "PNG")
+
+
+def refusal(text: str, mmproj: str) -> str:
+    """The one-line MmprojError of choosing the pair (text GGUF, mmproj file)."""
+    with pytest.raises(MmprojError) as error:
+        choose_model(ModelConfig(model=text, mmproj=mmproj, cache_dir=""))
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def engine(model_config: ModelConfig, num_blocks: int = 256):
+    from switchyard.core.engine.core import EngineCore
+
+    return EngineCore(EngineConfig(model=model_config, cache=CacheConfig(block_size=4, num_blocks=num_blocks),
+                                   scheduler=SchedulerConfig(max_num_batched_tokens=2048), backend="cpu"))
+
+
+def assert_prepares_alike(made, saved) -> None:
+    """Two ImageFamily objects give equal expansions and frames for images of several shapes."""
+    for index, size in enumerate([(64, 48), (20, 30), (100, 33), (32, 32)]):
+        picture = decode_image(image(*size, seed=index))
+        (made_pixels, made_expansion), (saved_pixels, saved_expansion) = (made.prepare(picture, True),
+                                                                          saved.prepare(picture, True))
+        assert made_expansion == saved_expansion
+        torch.testing.assert_close(made_pixels, saved_pixels, atol=0, rtol=0)
