@@ -29,13 +29,29 @@ logger = logging.getLogger(__name__)
 
 
 def load_gguf_config(path: str) -> Any:
-    """The transformers config of a GGUF file, as transformers itself builds it."""
+    """The transformers config of a GGUF file, as transformers itself builds it, with what llama.cpp
+    derives from the file where transformers' reader leaves a class default (llama_cpp_derived)."""
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config_dict = dict(load_gguf_checkpoint(path, return_tensors=False)["config"])
     config_dict.pop("_model_name_or_path", None)
-    return AutoConfig.for_model(**config_dict)
+    return llama_cpp_derived(AutoConfig.for_model(**config_dict))
+
+
+# Gemma's query scale: the GGUF holds no key for it; llama.cpp (src/models/gemma2.cpp, gemma3.cpp)
+# scales the 27B's queries (known by its layer count) by 1/sqrt(hidden / heads), as Google's
+# configs do (query_pre_attn_scalar 144 for Gemma 2 27B, 168 for Gemma 3 27B), and every other
+# size's by 1/sqrt(head_dim), 256 for all of them. transformers' reader leaves its class default,
+# 256: right but for the 27Bs.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62}
+
+
+def llama_cpp_derived(config: Any) -> Any:
+    """`config` (from a GGUF) with the values llama.cpp derives where the file has no key."""
+    if _GEMMA_27B_LAYERS.get(getattr(config, "model_type", None)) == getattr(config, "num_hidden_layers", None):
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+    return config
 
 
 def gguf_to_hf_names(hf_config: Any, processor: Any) -> dict[str, str]:

@@ -89,3 +89,22 @@ def test_a_cached_start_from_plain_attributes_gives_the_same_logits(gguf_file, m
                                                                                 else "transformers")
     assert_two_steps_match(loaded, reference, ragged_prompts(VOCAB, {"A": 7, "B": 12, "C": 3}), decode_token=11,
                            block_size=BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("model_type, layers, hidden, heads, head_dim, scalar", [
+    ("gemma2", 46, 4608, 32, 128, 144),  # Gemma 2 27B
+    ("gemma3_text", 62, 5376, 32, 128, 168),  # Gemma 3 27B
+    ("gemma3_text", 34, 2560, 8, 256, 256),  # Gemma 3 4B: transformers' default, head_dim
+    ("gemma2", 42, 3584, 16, 256, 256),  # Gemma 2 9B
+])
+def test_a_gemma_gguf_scales_queries_as_llama_cpp(model_type, layers, hidden, heads, head_dim, scalar):
+    """A GGUF holds no query_pre_attn_scalar: llama.cpp gives the 27Bs hidden / heads (144, 168), the
+    others head_dim; transformers' reader leaves its default, 256, for all (llama_cpp_derived)."""
+    from transformers import AutoConfig
+
+    from switchyard.core.loader.gguf_weights import llama_cpp_derived
+
+    config = AutoConfig.for_model(model_type, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                  head_dim=head_dim)
+    assert config.query_pre_attn_scalar == 256
+    assert llama_cpp_derived(config).query_pre_attn_scalar == scalar
