@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .qwen2_vision import ACTIVATIONS, PatchEmbed, VisionAttention, VisionRotary, patch_positions
+from .qwen2_vision import ACTIVATIONS, PatchEmbed, PatchMerger, VisionAttention, VisionRotary, patch_positions
 
 
 class VisionRMSNorm(nn.Module):
@@ -60,20 +60,6 @@ class VisionBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class PatchMerger(nn.Module):
-    """RMSNorm, each merge window's patches side by side, a GELU MLP to the text width."""
-
-    def __init__(self, dim: int, context_dim: int, merge: int):
-        super().__init__()
-        self.hidden_size = context_dim * merge ** 2
-        self.ln_q = VisionRMSNorm(context_dim)
-        self.mlp = nn.Sequential(nn.Linear(self.hidden_size, self.hidden_size), nn.GELU(),
-                                 nn.Linear(self.hidden_size, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.ln_q(x).view(-1, self.hidden_size))
-
-
 def window_order(t: int, h: int, w: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The merge units of a (t, h, w) grid (in merged units) window by window: (their indices in
     that order, the window of each)."""
@@ -101,7 +87,7 @@ class Qwen25VisionTransformer(nn.Module):
         theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
         self.rotary_pos_emb = VisionRotary(config.hidden_size // config.num_heads, theta)
         self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
-        self.merger = PatchMerger(config.out_hidden_size, config.hidden_size, self.merge)
+        self.merger = PatchMerger(config.out_hidden_size, config.hidden_size, self.merge, VisionRMSNorm)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         t, h, w = grid

@@ -11,6 +11,7 @@ frame: an image has t = 1). Module names are transformers' (`patch_embed.proj`, 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -118,12 +119,14 @@ class VisionBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    """LayerNorm, each merge window's patches side by side, a GELU MLP to the text width."""
+    """A norm (`norm`: LayerNorm here, Qwen2.5-VL's RMSNorm), each merge window's patches side by
+    side, a GELU MLP to the text width."""
 
-    def __init__(self, dim: int, context_dim: int, merge: int):
+    def __init__(self, dim: int, context_dim: int, merge: int,
+                 norm: Callable[[int], nn.Module] = lambda size: nn.LayerNorm(size, eps=1e-6)):
         super().__init__()
         self.hidden_size = context_dim * merge ** 2
-        self.ln_q = nn.LayerNorm(context_dim, eps=1e-6)
+        self.ln_q = norm(context_dim)
         self.mlp = nn.Sequential(nn.Linear(self.hidden_size, self.hidden_size), nn.GELU(),
                                  nn.Linear(self.hidden_size, dim))
 
