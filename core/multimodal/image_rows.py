@@ -15,7 +15,6 @@ ends inside the first sliding_window positions; past that, an image token's row 
 (last - position) at the far end of its window that transformers' mask keeps."""
 from __future__ import annotations
 
-from ..scheduling.encoder_budget import image_run
 from ..scheduling.output import ScheduledRequest
 
 
@@ -30,7 +29,7 @@ def row_seq_lens(s: ScheduledRequest) -> list[int]:
     start, n = s.num_computed_tokens, len(s.token_ids)
     lens = list(range(start + 1, start + n + 1))
     for span in s.images:
-        first, last = image_run(span)
+        first, last = span.image_run
         if first >= start + n or last < start:
             continue
         if last >= start + n:

@@ -63,6 +63,12 @@ class ImageSpan:
     def num_embeddings(self) -> int:
         return len(self.embed_offsets)
 
+    @property
+    def image_run(self) -> tuple[int, int]:
+        """The first and last positions of its image tokens (one run where they attend to each other
+        both ways: core/multimodal/image_rows.py)."""
+        return self.offset + self.embed_offsets[0], self.offset + self.embed_offsets[-1]
+
 
 def spans_in(spans: tuple[ImageSpan, ...], start: int, stop: int) -> tuple[ImageSpan, ...]:
     """The spans that overlap positions [start, stop)."""

@@ -32,7 +32,7 @@ def fit_images(spans: tuple[ImageSpan, ...], start: int, num_tokens: int, rows_u
                 return span.offset - start
             rows += span.num_embeddings
         if whole:
-            first, last = image_run(span)
+            first, last = span.image_run
             if first < stop <= last:  # it would end inside the run
                 if first > start:
                     return first - start
@@ -46,15 +46,10 @@ def stop_outside_images(spans: tuple[ImageSpan, ...], start: int, num_tokens: in
     KV room a chunk got (Scheduler._make_room)."""
     stop = start + num_tokens
     for span in spans:
-        first, last = image_run(span)
+        first, last = span.image_run
         if first < stop <= last:
             return max(first - start, 0)
     return num_tokens
-
-
-def image_run(span: ImageSpan) -> tuple[int, int]:
-    """The first and last positions of an image's image tokens (one run, for whole images)."""
-    return span.offset + span.embed_offsets[0], span.offset + span.embed_offsets[-1]
 
 
 def rows_started(spans: tuple[ImageSpan, ...], start: int, num_tokens: int) -> int:

@@ -16,7 +16,7 @@ from switchyard.core.config import CacheConfig, EngineConfig, ModelConfig, Sched
 from switchyard.core.engine.core import EngineCore
 from switchyard.core.multimodal.inputs import ImageData, ImageSpan
 from switchyard.core.params import SamplingParams
-from switchyard.core.scheduling.encoder_budget import fit_images, image_run, stop_outside_images
+from switchyard.core.scheduling.encoder_budget import fit_images, stop_outside_images
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_gemma3_vl import SLIDING_WINDOW, TOKENS_PER_IMAGE, tiny_gemma3_vl
 from switchyard.core.testing.tiny_vlm import hf_greedy_scored, png_bytes
@@ -109,7 +109,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(vlm, case, by_row):
     result = run(make_engine(path, by_row), [request])["r"]
     assert request.prompt_token_ids == ids  # the family expands to the processor's ids, newlines merged
     assert len(ids) + NUM_TOKENS > SLIDING_WINDOW  # the answer crosses the sliding window
-    assert all(image_run(span)[1] < SLIDING_WINDOW for span in request.image_spans)
+    assert all(span.image_run[1] < SLIDING_WINDOW for span in request.image_spans)
     assert_matches(result, tokens, logprobs)
 
 
@@ -121,7 +121,7 @@ def test_an_image_past_the_sliding_window(vlm):
     _, tokens, logprobs = hf_greedy(hf, processor, text, IMAGES[:1])
     request = vision_request(processor, "r", text, IMAGES[:1])
     result = run(make_engine(path, by_row=False), [request])["r"]
-    assert image_run(request.image_spans[0])[1] >= SLIDING_WINDOW
+    assert request.image_spans[0].image_run[1] >= SLIDING_WINDOW
     assert_matches(result, tokens, logprobs)
 
 
@@ -159,7 +159,7 @@ def test_a_chunked_prompt_never_ends_a_chunk_inside_an_image(vlm, budget, by_row
     for chunk in chunks:
         stop = chunk.num_computed_tokens + len(chunk.token_ids)
         for span in chunk.images:
-            first, last = image_run(span)
+            first, last = span.image_run
             assert not first < stop <= last, (chunk, span)
     if budget < TOKENS_PER_IMAGE:
         assert max(step.num_batched_tokens for step in steps) > budget
@@ -192,7 +192,7 @@ def test_prefix_cache_hits_through_and_inside_an_image(vlm, by_row):
     first = vision_request(processor, "a", text, images)
     assert_matches(run(engine, [first])["a"], tokens, logprobs)
     again = run(engine, [vision_request(processor, "b", text, images)])["b"]
-    run_start, run_end = image_run(first.image_spans[0])
+    run_start, run_end = first.image_spans[0].image_run
     assert again[2] > run_end
     assert_matches(again, tokens, logprobs)
     block = (run_start // 4) + 1  # the block after the one holding the image's first soft token
