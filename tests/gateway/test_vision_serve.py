@@ -139,6 +139,47 @@ def test_openai_sdk_sends_a_data_url_and_gets_an_answer(serve):
     assert len(answers) == 2  # the image decides the answer
 
 
+
+def test_langchain_and_llamaindex_send_images_and_get_the_sdks_answer(serve):
+    """LangChain's ChatOpenAI (OpenAI's image_url part and langchain-core's own image block) and
+    LlamaIndex's OpenAILike (an ImageBlock of bytes) send the same picture as the OpenAI SDK, and
+    get its greedy answer; another picture changes the answer, so the image did reach the model."""
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+    from llama_index.core.llms import ChatMessage, ImageBlock, TextBlock
+    from llama_index.llms.openai_like import OpenAILike
+    from openai import OpenAI
+
+    base = serve() + "/v1"
+    picture, other = png_bytes(64, 48, seed=5), png_bytes(64, 48, seed=6)
+
+    def sdk(data: bytes) -> str:
+        return OpenAI(base_url=base, api_key="unused").chat.completions.create(
+            model=MODEL, max_tokens=6, temperature=0, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "describe it"},
+                {"type": "image_url", "image_url": {"url": data_url(data)}}]}]).choices[0].message.content
+
+    expected = sdk(picture)
+    text_only = OpenAI(base_url=base, api_key="unused").chat.completions.create(
+        model=MODEL, max_tokens=6, temperature=0,
+        messages=[{"role": "user", "content": "describe it"}]).choices[0].message.content
+    assert expected and expected != sdk(other) and expected != text_only
+
+    chat = ChatOpenAI(base_url=base, api_key="unused", model=MODEL, temperature=0, max_tokens=6, max_retries=0)
+    openai_part = {"type": "image_url", "image_url": {"url": data_url(picture)}}
+    core_block = {"type": "image", "base64": base64.b64encode(picture).decode(), "mime_type": "image/png"}
+    for part in (openai_part, core_block):
+        message = HumanMessage(content=[{"type": "text", "text": "describe it"}, part])
+        assert chat.invoke([message]).content == expected
+        assert "".join(chunk.content for chunk in chat.stream([message])) == expected
+
+    llm = OpenAILike(model=MODEL, api_base=base, api_key="unused", temperature=0.0, max_tokens=6, max_retries=0,
+                     is_chat_model=True)
+    blocks = [TextBlock(text="describe it"), ImageBlock(image=picture, image_mimetype="image/png")]
+    assert llm.chat([ChatMessage(role="user", blocks=blocks)]).message.content == expected
+    streamed = "".join(r.delta or "" for r in llm.stream_chat([ChatMessage(role="user", blocks=blocks)]))
+    assert streamed == expected
+
 BAD_IMAGES = {
     "truncated png": (data_url(png_bytes(64, 48)[:200]), "could not be read"),
     "decompression bomb": (data_url(bomb_png()), "pixels"),
