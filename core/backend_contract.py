@@ -91,6 +91,12 @@ class Capabilities:
     # modules on its device, core/multimodal). Where not, such a model serves text only: its start
     # logs one line saying so and a request with images is refused (400).
     vision_encoders: bool = False
+    # Whether its attention honours AttentionMetadata.window_anchors in sliding-window layers (a
+    # decode row's window counted back from its own position, not from seq_len - 1). The runner
+    # passes anchors only where this is declared; elsewhere a model whose image tokens attend both
+    # ways (CausalLM.bidirectional_images) with sliding-window layers keeps the seq_len - 1 window,
+    # approximate for image tokens past the window (one logged line, core/multimodal/image_rows.py).
+    window_anchors: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,16 @@ class AttentionMetadata:
     """Per-step layout of the flat token batch (no padding between requests).
 
     Requests are ordered decodes first (query length 1), then prompt chunks.
+
+    A decode row attends to keys [0, seq_len); in a sliding-window layer (AttentionSpec.sliding_window
+    W) only to those > anchor - W, where its anchor is seq_len - 1 unless `window_anchors` says
+    otherwise. The runner sets window_anchors only for a step that holds image rows of a model whose
+    image tokens attend both ways (core/multimodal/image_rows.py: an image token's row has seq_len =
+    its image's last position + 1, and its anchor is its own position), and only for a backend that
+    declares Capabilities.window_anchors; its entries are key positions (never the RoPE positions),
+    seq_len - 1 for every row without an anchor of its own and for every prompt chunk (whose tokens
+    each keep their own position as anchor). Layers without a window ignore it. Decode-only steps
+    of graphs and fused decode paths never carry it (their image steps are not decode-only).
     """
 
     query_start_loc: torch.Tensor  # [B + 1] int32: where each request's tokens start
@@ -157,6 +173,10 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: tuple[int, ...]
     seq_lens_cpu: tuple[int, ...]
+    # [B] int32 on the step's device, and its host twin: the position each request's window counts
+    # back from (see above); None: seq_len - 1 for every request (every step but image rows').
+    window_anchors: torch.Tensor | None = None
+    window_anchors_cpu: tuple[int, ...] | None = None
 
     @property
     def num_requests(self) -> int:

@@ -117,18 +117,20 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _decode_part(meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype,
                  num_kv_heads: int):
+    """Each row sees keys [0, seq_len), in a window those past anchor - window (anchor: the row's
+    AttentionMetadata.window_anchors entry, else seq_len - 1)."""
     num = meta.num_decodes
     seq_lens = meta.seq_lens_cpu[:num]
-    first_blocks = [_first_key(s, 1, window) // block_size for s in seq_lens]
+    anchors = [s - 1 for s in seq_lens] if meta.window_anchors_cpu is None else meta.window_anchors_cpu[:num]
+    first_blocks = [_first_key(a + 1, 1, window) // block_size for a in anchors]
     num_cols = max((s - 1) // block_size - f + 1 for s, f in zip(seq_lens, first_blocks))
     cols = torch.tensor(first_blocks).unsqueeze(1) + torch.arange(num_cols)  # [B, C]
     table = meta.block_table[:num].to(device="cpu", dtype=torch.long)
     block_ids = table.gather(1, cols.clamp(max=table.shape[1] - 1)).reshape(-1)
     key_pos = (cols.unsqueeze(2) * block_size + torch.arange(block_size)).reshape(num, -1)  # [B, C*bs]
-    query_pos = torch.tensor(seq_lens).unsqueeze(1) - 1
-    allowed = key_pos <= query_pos
+    allowed = key_pos < torch.tensor(seq_lens).unsqueeze(1)
     if window is not None:
-        allowed &= key_pos > query_pos - window
+        allowed &= key_pos > torch.tensor(anchors).unsqueeze(1) - window
     # [B, Hkv, 1, C*bs * Hkv]: query head group h may only see key head h (see _attend_decodes)
     same_head = torch.eye(num_kv_heads, dtype=torch.bool)
     allowed = allowed.view(num, 1, -1, 1) & same_head.view(1, num_kv_heads, 1, num_kv_heads)
@@ -260,13 +262,16 @@ class CpuAttentionKernel(AttentionKernel):
         num = meta.num_decodes
         compiled_attention.decode_in_place(op, query[:num], kv_cache, meta.block_table, meta.seq_lens,
                                            self.spec.scale, self.spec.sliding_window or 0,
-                                           self.spec.soft_cap or 0.0, out[:num])
+                                           self.spec.soft_cap or 0.0, out[:num],
+                                           meta.window_anchors)
 
     def _traced_decodes(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Under torch.compile (compiled.py: decode-only steps, every row one token): the in-place
         kernel as an opaque op over the metadata's tensors; its host tuples are never read."""
         if self._decode.op is None:
             raise RuntimeError("compiled decode steps need the in-place decode kernel, which is not loaded")
+        if meta.window_anchors is not None:  # image rows never make a decode-only step (decode_only)
+            raise RuntimeError("compiled decode steps take no window anchors")
         return torch.ops.switchyard_cpu.paged_decode(
             query, kv_cache, meta.block_table, meta.seq_lens, self.spec.scale, self.spec.sliding_window or 0,
             self.spec.soft_cap or 0.0, self._decode.op_name)

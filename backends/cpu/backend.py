@@ -152,6 +152,8 @@ class CpuBackend(ProcessGroupShards, Backend):
                             # every path reads and writes them: the C++ decode kernel and layers, the gather path
                             kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"),
                             vision_encoders=True,  # the SigLIP tower in plain torch (core/multimodal)
+                            # the gather path's masks and the C++ decode kernel (attention.py)
+                            window_anchors=True,
                             # csrc/lora.cpp (lora.py), plain torch where it cannot be built
                             lora=True)
 

@@ -31,16 +31,21 @@ from switchyard.core.kv.quantized import is_quantized, write_rows
 
 def decode_in_place(op: Callable[..., None], query: torch.Tensor, kv_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int,
-                    soft_cap: float, out: torch.Tensor) -> None:
+                    soft_cap: float, out: torch.Tensor, anchors: torch.Tensor | None = None) -> None:
     """One call of the C++ kernel for the rows of `query` (one decode each), written into out.
     The kernel computes in the cache's dtype (over a quantized cache, the query's); query and out
-    are converted around it."""
+    are converted around it. `anchors` (AttentionMetadata.window_anchors): where each row's window
+    counts back from; None: seq_len - 1."""
     dtype = query.dtype if is_quantized(kv_cache) else kv_cache.dtype
     if query.dtype != dtype or query.stride(-1) != 1:
         query = query.to(dtype).contiguous()
     same_dtype = out.dtype == dtype
     target = out if same_dtype else torch.empty(query.shape, dtype=dtype)
-    op(target, query, kv_cache, block_table.to(torch.int32), seq_lens.to(torch.int32), scale, window, soft_cap)
+    if anchors is None:
+        op(target, query, kv_cache, block_table.to(torch.int32), seq_lens.to(torch.int32), scale, window, soft_cap)
+    else:
+        op(target, query, kv_cache, block_table.to(torch.int32), seq_lens.to(torch.int32), scale, window, soft_cap,
+           anchors.to(torch.int32))
     if not same_dtype:
         out.copy_(target)
 

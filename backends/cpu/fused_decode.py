@@ -176,7 +176,8 @@ class FusedDecodeRunner(CpuModelRunner):
     def forward(self, step) -> torch.Tensor:
         # a float model's step with prompt tokens or prompt logprobs runs the model's forward
         decode_rows = step.meta.num_decodes == step.input_ids.shape[0] and not step.prompt_logits_spans
-        if not (self.by_row or decode_rows) or (step.lora is not None and self.lora_fallback is not None):
+        if (not (self.by_row or decode_rows) or (step.lora is not None and self.lora_fallback is not None)
+                or step.meta.window_anchors is not None):  # the C++ layers' windows end at seq_len - 1
             return super().forward(step)
         meta = step.meta  # one decode row per query token (core/execution/runner.py build_step_input)
         hidden = self.layout.embed(step.input_ids).contiguous()

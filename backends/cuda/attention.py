@@ -14,7 +14,8 @@ class TritonAttentionKernel(AttentionKernel):
     """write_kv scatters by slot (negative slots are skipped); forward is one launch
     over the whole ragged batch. Decode-only steps (max_query_len == 1) use a grid
     that depends only on the number of requests, and flash-decoding splits chosen
-    from static sizes, so they can be captured in a CUDA graph."""
+    from static sizes, so they can be captured in a CUDA graph. Honours the metadata's window
+    anchors (Capabilities.window_anchors)."""
 
     graph_safe = True  # decode-only batches read the metadata's device tensors and shapes alone
 
@@ -39,7 +40,7 @@ class TritonAttentionKernel(AttentionKernel):
         return self._kernels.paged_attention(
             query, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, scale=spec.scale,
             max_query_len=meta.max_query_len, sliding_window=spec.sliding_window, soft_cap=spec.soft_cap,
-            num_kv_splits=num_kv_splits)
+            num_kv_splits=num_kv_splits, window_anchors=meta.window_anchors)
 
     def _device_sms(self, device: torch.device) -> int:
         if self._num_sms is None:

@@ -85,7 +85,9 @@ class CudaBackend(ProcessGroupShards, Backend):
                             # the Triton kernels write and read them (flash-attn is not chosen for them)
                             kv_cache_dtypes=("int8", "fp8_e4m3fn", "fp8_e5m2"),
                             # the Triton shrink and expand (kernels/lora.py)
-                            lora=True)
+                            lora=True,
+                            # the Triton kernel; flash-attn's sliding layers hand such steps to it (flash.py)
+                            window_anchors=True)
 
     @property
     def device(self) -> torch.device:
@@ -141,7 +143,8 @@ class CudaBackend(ProcessGroupShards, Backend):
         choice = choose_attention(spec, flash_attn)
         self.attention_choices[spec] = choice
         if choice.impl == "flash-attn":
-            return FlashAttnKernel(spec, flash_attn.flash_attn_varlen_func, triton_write_kv)
+            anchored = triton_attention(spec) if spec.sliding_window is not None else None  # window anchors' steps
+            return FlashAttnKernel(spec, flash_attn.flash_attn_varlen_func, triton_write_kv, anchored)
         return triton_attention(spec)
 
     def lora_kernel(self) -> LoraKernel:

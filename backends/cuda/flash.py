@@ -67,14 +67,18 @@ def choose_attention(spec: AttentionSpec, flash_attn=None) -> AttentionChoice:
 
 class FlashAttnKernel(AttentionKernel):
     """flash_attn_varlen_func over the paged cache; `write_kv` is the Triton scatter kernel
-    (or any function with its contract: negative slots are skipped)."""
+    (or any function with its contract: negative slots are skipped). flash-attn takes one window
+    per call, counted back from each query's position: a step whose metadata carries window
+    anchors (AttentionMetadata.window_anchors: image rows, never a decode graph's step) runs, in a
+    sliding-window layer, on `anchored`, the Triton kernel of the same spec, which honours them."""
 
     graph_safe = True  # reads seq_lens/block_table from the device; max_seq_len is an upper bound
 
-    def __init__(self, spec: AttentionSpec, varlen_func, write_kv_func):
+    def __init__(self, spec: AttentionSpec, varlen_func, write_kv_func, anchored: AttentionKernel | None = None):
         super().__init__(spec)
         self._varlen = varlen_func
         self._write_kv = write_kv_func
+        self._anchored = anchored
         window = spec.sliding_window
         self._window = (window - 1, 0) if window is not None else (-1, -1)
 
@@ -82,6 +86,10 @@ class FlashAttnKernel(AttentionKernel):
         self._write_kv(key, value, kv_cache, meta.slot_mapping)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.window_anchors is not None and self.spec.sliding_window is not None:
+            if self._anchored is None:
+                raise RuntimeError("window anchors in a sliding-window layer, and no kernel that honours them")
+            return self._anchored.forward(query, kv_cache, meta)
         cu_seqlens_k = F.pad(torch.cumsum(meta.seq_lens, 0, dtype=torch.int32), (1, 0))
         return self._varlen(query, kv_cache[0], kv_cache[1], cu_seqlens_q=meta.query_start_loc,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=meta.max_query_len,

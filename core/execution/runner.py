@@ -10,7 +10,7 @@ import torch
 from ..backend_contract import AttentionMetadata, BackendInterface, LoraBatch
 from ..lora.batch import BASE, lora_batch, slice_batch
 from ..multimodal.encoder_cache import EncoderCache
-from ..multimodal.image_rows import image_rows, row_seq_lens
+from ..multimodal.image_rows import image_rows, row_seq_lens, window_anchors_wanted
 from ..multimodal.positions import grid_positions, shifted
 from ..multimodal.splice import spliced_embeddings
 from ..scheduling.output import ScheduledRequest, SchedulerOutput
@@ -65,7 +65,7 @@ def order_for_attention(scheduled: tuple[ScheduledRequest, ...], by_row: bool = 
 
 def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device: torch.device,
                      by_row: bool = False, lora_slots: Mapping[str, int] | None = None,
-                     bidirectional_images: bool = False) -> StepInput:
+                     bidirectional_images: bool = False, window_anchors: bool = False) -> StepInput:
     """The host-side lists are built in plain Python and each becomes one tensor: a step
     holds few tokens, and small torch ops cost more than the lists (repeat_interleave and
     advanced indexing also start OpenMP regions, which stall for milliseconds on a busy
@@ -75,8 +75,13 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
     prefix, or on the rows beside it (batch invariance, where the runner asks for it). `lora_slots`:
     the slot of each adapter of the step (core/lora/manager.py activate), when LoRA is on.
     `bidirectional_images`: a chunk with image tokens is decode rows, an image token's attending
-    up to its image's last token (core/multimodal/image_rows.py; CausalLM.bidirectional_images)."""
+    up to its image's last token (core/multimodal/image_rows.py; CausalLM.bidirectional_images).
+    `window_anchors` (the backend honours them, image_rows.window_anchors_wanted): a step with such
+    image rows gives every request its window anchor, a row its own position, a prompt chunk its
+    last (AttentionMetadata.window_anchors); any other step carries none."""
     ordered = order_for_attention(scheduler_output.scheduled, by_row, bidirectional_images)
+    anchored = window_anchors and bidirectional_images and any(s.images for s in ordered)
+    anchors: list[int] = []
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -100,10 +105,14 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
             query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + n + 1))
             seq_lens.extend(row_seq_lens(s) if bidirectional_images and s.images else range(start + 1, start + n + 1))
             rows.extend([s] * n)
+            if anchored:
+                anchors.extend(range(start, start + n))
         else:
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(start + n)
             rows.append(s)
+            if anchored:
+                anchors.append(start + n - 1)
         if s.samples:
             logits_indices.extend(range(first + n - s.num_logits, first + n))
             sampling_ids.append(s.request_id)
@@ -124,7 +133,9 @@ def build_step_input(scheduler_output: SchedulerOutput, block_size: int, device:
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
         num_decodes=num_decodes, max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
         max_seq_len=max(seq_lens),
-        query_start_loc_cpu=tuple(query_start_loc), seq_lens_cpu=tuple(seq_lens))
+        query_start_loc_cpu=tuple(query_start_loc), seq_lens_cpu=tuple(seq_lens),
+        window_anchors=torch.tensor(anchors, dtype=torch.int32, device=device) if anchored else None,
+        window_anchors_cpu=tuple(anchors) if anchored else None)
     lora = lora_logits = None
     if lora_slots is not None:
         lora, lora_logits = _lora_batches(ordered, lora_slots, logits_indices, device)
@@ -174,6 +185,8 @@ class ModelRunner:
         self.lora = None
         self.encoder_cache = EncoderCache()  # image embeddings by content hash (core/multimodal)
         self.bidirectional_images = model.bidirectional_images  # its image tokens attend both ways (image_rows.py)
+        # their rows' sliding windows counted from their own positions (AttentionMetadata.window_anchors)
+        self.window_anchors = window_anchors_wanted(model, backend)
 
     @torch.inference_mode()
     def copy_kv(self, copies) -> None:
@@ -193,7 +206,8 @@ class ModelRunner:
         """Returns float32 logits [R, vocab] of the requests that sample (ScheduledRequest.num_logits
         rows each: one, or k + 1 for a request verifying k proposals), and their ids."""
         step = build_step_input(scheduler_output, self.block_size, self.backend.device, self.by_row,
-                                self._lora_slots(scheduler_output), self.bidirectional_images)
+                                self._lora_slots(scheduler_output), self.bidirectional_images,
+                                self.window_anchors)
         with self._lora_rows(step.lora):
             hidden = (self.forward_images(scheduler_output, step) if _has_images(scheduler_output)
                       else self.forward(step))

@@ -22,9 +22,12 @@ def write_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.T
 def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: list[int],
                               seq_lens: list[int], block_table: torch.Tensor, scale: float,
                               sliding_window: int | None = None,
-                              soft_cap: float | None = None) -> torch.Tensor:
+                              soft_cap: float | None = None,
+                              window_anchors: list[int] | None = None) -> torch.Tensor:
     """query [T, H, D]; one request at a time, in float32, straight from the definition. A quantized
-    cache is read as its rows' values (code * scale, core/kv/quantized.py)."""
+    cache is read as its rows' values (code * scale, core/kv/quantized.py). `window_anchors`
+    (AttentionMetadata.window_anchors_cpu): where a request's window counts back from; a query's
+    own position where None or seq_len - 1."""
     num_heads, head_dim = query.shape[1:]
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     quantized = is_quantized(kv_cache)
@@ -50,7 +53,8 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, query
         k_pos = torch.arange(seq_len).unsqueeze(0)
         allowed = k_pos <= q_pos
         if sliding_window is not None:
-            allowed &= k_pos > q_pos - sliding_window
+            shift = 0 if window_anchors is None else window_anchors[i] - (seq_len - 1)
+            allowed &= k_pos > q_pos + shift - sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
@@ -67,4 +71,4 @@ class ReferenceAttentionKernel(AttentionKernel):
     def forward(self, query, kv_cache, meta):
         return paged_attention_reference(query, kv_cache, list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu),
                                          meta.block_table, self.spec.scale, self.spec.sliding_window,
-                                         self.spec.soft_cap)
+                                         self.spec.soft_cap, meta.window_anchors_cpu)

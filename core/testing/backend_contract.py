@@ -13,8 +13,8 @@ probe() never raises, capabilities() are well formed, the KV cache layout, the a
 kernel against the plain-torch reference on ragged batches (decodes first, then prompt
 chunks with cached prefixes; GQA; two declared block sizes; each tested dtype), write_kv
 touching exactly the slots of slot_mapping, each declared quantized KV cache (--kv-cache-dtype)
-allocated as the contract lays it out and round-tripping through write_kv and attention, a
-graph_safe kernel not reading the metadata's host tuples, the LoRA kernel where declared
+allocated as the contract lays it out and round-tripping through write_kv and attention, declared
+window anchors (image rows' sliding windows) against the reference, a graph_safe kernel not reading the metadata's host tuples, the LoRA kernel where declared
 (against the plain-torch one on mixed adapter slots, and a token's output the same alone as in its
 batch), greedy engine output (prepare_model, profile_run, make_runner and all) equal
 to the reference backend's, with speculative verify steps too where declared, and with images where
@@ -41,7 +41,7 @@ from ..loader import torch_dtype
 from ..params import SamplingParams
 from ..scheduling.request import Request
 from ..execution.runner import ModelRunner
-from .batches import AttentionStep, random_step, ragged_lens
+from .batches import AttentionStep, image_rows_step, random_step, ragged_lens
 from .lora_batches import random_lora_step
 from .reference_backend import ReferenceBackend
 
@@ -193,6 +193,23 @@ class BackendContract:
                 _, expected = quantized.reference()
                 dtype = str(step.spec.dtype).removeprefix("torch.")
                 torch.testing.assert_close(out.cpu(), expected, **self.tolerances[dtype],
+                                           msg=lambda m, case=case: f"{case}: {m}")
+
+    def test_declared_window_anchors_move_sliding_windows_as_the_reference(self, backend):
+        """A backend that declares Capabilities.window_anchors: in a sliding-window layer each row's
+        window counts back from its AttentionMetadata.window_anchors entry (image rows,
+        core/multimodal/image_rows.py): keys in (anchor - window, seq_len), as the reference."""
+        if not backend.capabilities().window_anchors:
+            pytest.skip("the backend declares no window anchors (Capabilities.window_anchors)")
+        for dtype in self.dtypes(backend):
+            for block_size in self.block_sizes(backend):
+                case = f"dtype={dtype} block_size={block_size} window=5"
+                spec = replace(self.spec(dtype, block_size, self.gqa_groups[-1]), sliding_window=5)
+                step = _in_backend_cache(backend, image_rows_step(spec, zlib.crc32(case.encode()) % 10_000,
+                                                                  backend.device))
+                _, expected = step.reference()
+                out = self._run(backend.attention(spec), step, step.meta)
+                torch.testing.assert_close(out, expected, **self.tolerances[dtype],
                                            msg=lambda m, case=case: f"{case}: {m}")
 
     def test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches(self, backend):

@@ -70,7 +70,8 @@ class AttentionStep:
         write_kv_reference(self.key.cpu(), self.value.cpu(), cache, self.meta.slot_mapping.cpu())
         out = paged_attention_reference(self.query.cpu(), cache, list(self.meta.query_start_loc_cpu),
                                         list(self.meta.seq_lens_cpu), self.meta.block_table.cpu(),
-                                        self.spec.scale, self.spec.sliding_window, self.spec.soft_cap)
+                                        self.spec.scale, self.spec.sliding_window, self.spec.soft_cap,
+                                        self.meta.window_anchors_cpu)
         return cache, out
 
 
@@ -87,3 +88,16 @@ def random_step(spec: AttentionSpec, lens: list[tuple[int, int]], num_decodes: i
     return AttentionStep(spec, meta, cache, randn(num_tokens, spec.num_heads, spec.head_dim),
                          randn(num_tokens, spec.num_kv_heads, spec.head_dim),
                          randn(num_tokens, spec.num_kv_heads, spec.head_dim))
+
+
+def image_rows_step(spec: AttentionSpec, seed: int, device: torch.device) -> AttentionStep:
+    """A random step with window anchors (AttentionMetadata.window_anchors) as an image chunk's rows
+    lay them out (core/multimodal/image_rows.py): positions 10-17 as decode rows, an image at 12-17
+    whose rows see up to 17 (seq_len 18), each anchored at its own position; beside them a decode
+    over four blocks and a prompt chunk, anchored at seq_len - 1. Its reference honours them."""
+    decode = 4 * spec.block_size + 3
+    lens = [(1, p + 1) if p < 12 else (1, 18) for p in range(10, 18)] + [(1, decode), (6, 20)]
+    anchors = list(range(10, 18)) + [decode - 1, 19]
+    step = random_step(spec, lens, len(lens) - 1, seed, device)
+    return replace(step, meta=replace(step.meta, window_anchors=torch.tensor(anchors, dtype=torch.int32, device=device),
+                                      window_anchors_cpu=tuple(anchors)))

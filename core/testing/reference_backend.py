@@ -27,7 +27,8 @@ class ReferenceBackend(Backend):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtypes=("float32", "bfloat16", "float16"), block_sizes=tuple(self.block_sizes),
-                            attention_impl="plain-torch reference attention", vision_encoders=True)
+                            attention_impl="plain-torch reference attention", vision_encoders=True,
+                            window_anchors=True)
 
     @property
     def device(self) -> torch.device:

@@ -43,6 +43,13 @@ class ScalelessKvKernel(ReferenceAttentionKernel):
             kv_cache.view(torch.uint8).flatten(1, 2)[:, meta.slot_mapping.long()] = rows
 
 
+class AnchorBlindKernel(ReferenceAttentionKernel):
+    """Behind a backend that declares window anchors, but counts every window back from seq_len - 1."""
+
+    def forward(self, query, kv_cache, meta):
+        return super().forward(query, kv_cache, replace(meta, window_anchors=None, window_anchors_cpu=None))
+
+
 class KernelBackend(CpuBackend):
     """The CPU backend over the given kernel (the reference one: the backend keeping the contract)."""
 

@@ -17,10 +17,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined
 
-from broken_backends import (AlwaysCommunicator, BatchDependentLoraKernel, DeviceName, ImageBlind,  # noqa: E402
-                             KernelBackend, LoraKernelBackend, LoraWithoutKernel, LyingKernel, MisspelledDtype,
-                             NegatedHead, NoLauncher, OffKernel, OneKvBlock, RaisingProbe, ScalelessKvKernel,
-                             SharedKvCache, UnscaledLoraKernel, VerifyOnLastRow)
+from broken_backends import (AlwaysCommunicator, AnchorBlindKernel, BatchDependentLoraKernel,  # noqa: E402
+                             DeviceName, ImageBlind, KernelBackend, LoraKernelBackend, LoraWithoutKernel, LyingKernel,
+                             MisspelledDtype, NegatedHead, NoLauncher, OffKernel, OneKvBlock, RaisingProbe,
+                             ScalelessKvKernel, SharedKvCache, UnscaledLoraKernel, VerifyOnLastRow)
 from cuda_fakes import CUDA_KERNEL, MiB, CpuCudaBackend, DeviceReferenceKernel, FakeDevice  # noqa: E402
 from switchyard.backends.cpu import CpuBackend  # noqa: E402
 from switchyard.core.testing import BackendContract  # noqa: E402
@@ -98,6 +98,7 @@ BREACHES = {
     "test_attention_matches_the_reference_on_ragged_batches": lambda: KernelBackend(OffKernel),
     "test_declared_kv_cache_dtypes_round_trip_through_write_kv_and_attention": lambda: KernelBackend(ScalelessKvKernel),
     "test_a_graph_safe_kernel_reads_no_host_tuples_on_decode_batches": lambda: KernelBackend(LyingKernel),
+    "test_declared_window_anchors_move_sliding_windows_as_the_reference": lambda: KernelBackend(AnchorBlindKernel),
     "test_lora_is_declared_exactly_when_there_is_a_lora_kernel": LoraWithoutKernel,
     "test_lora_kernel_matches_the_reference": lambda: LoraKernelBackend(UnscaledLoraKernel()),
     "test_lora_kernel_gives_a_token_the_same_output_alone_as_in_the_batch":

@@ -232,6 +232,57 @@ def test_in_place_decodes_match_reference(in_place, monkeypatch, dtype, block_si
     torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
 
 
+def anchored_step(window: int, dtype: torch.dtype, group: int = 3, block_size: int = 8):
+    """An image chunk's rows as core/multimodal/image_rows.py lays them out (positions 10-17, an
+    image at 12-17: its rows' seq_len 18, their anchors their own positions), beside plain decodes
+    (one of 700 positions anchored at 450, split into ranges by the C++ kernel) and a prompt chunk,
+    whose anchors are seq_len - 1 (AttentionMetadata.window_anchors). Returns the spec, the
+    metadata with anchors, the cache after this step's writes, and the query."""
+    rows = [(1, p + 1) if p < 12 else (1, 18) for p in range(10, 18)]
+    lens = rows + [(1, 40), (1, 700), (6, 20)]
+    anchors = list(range(10, 18)) + [39, 450, 19]
+    spec = AttentionSpec(num_heads=NUM_KV_HEADS * group, num_kv_heads=NUM_KV_HEADS, head_dim=64,
+                         block_size=block_size, scale=0.125, dtype=dtype, sliding_window=window)
+    num_blocks = 160
+    meta = make_meta(lens, len(lens) - 1, block_size, num_blocks, random.Random(window))
+    meta = dataclasses.replace(meta, window_anchors=torch.tensor(anchors, dtype=torch.int32),
+                               window_anchors_cpu=tuple(anchors))
+    gen = torch.Generator().manual_seed(window)
+    cache = torch.randn(2, num_blocks, block_size, NUM_KV_HEADS, 64, generator=gen).to(dtype)
+    num_tokens = meta.query_start_loc_cpu[-1]
+    key, value = (torch.randn(num_tokens, NUM_KV_HEADS, 64, generator=gen).to(dtype) for _ in range(2))
+    write_kv_reference(key, value, cache, meta.slot_mapping)
+    query = torch.randn(num_tokens, spec.num_heads, 64, generator=gen).to(dtype)
+    return spec, meta, cache, query
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [5, 300])
+def test_window_anchors_on_the_gather_path_and_in_place(in_place, dtype, window):
+    """Per-row window anchors in a sliding layer: the gather path, the C++ kernel and the reference
+    agree, and differ from the same step without anchors where the anchors move a window."""
+    spec, meta, cache, query = anchored_step(window, dtype)
+    args = (list(meta.query_start_loc_cpu), list(meta.seq_lens_cpu), meta.block_table, spec.scale, window)
+    expected = paged_attention_reference(query, cache, *args, window_anchors=list(meta.window_anchors_cpu))
+    for decode in (None, in_place):
+        calls = []
+        kernel = CpuAttentionKernel(spec, decode=decode)
+        if decode is not None:  # the decodes go through the C++ kernel, given the anchors
+            op = decode.op
+            kernel._decode = PagedDecode()
+            kernel._decode.build = dataclasses.replace(decode.build, op=lambda *a: (calls.append(a[-1]), op(*a)))
+        out = kernel.forward(query, cache, meta)
+        torch.testing.assert_close(out, expected, **(TOLERANCE if decode is None else IN_PLACE_TOLERANCE)[dtype])
+        assert decode is None or torch.equal(calls[0], meta.window_anchors)
+    plain = paged_attention_reference(query, cache, *args)
+    moved = [i for i, (a, s) in enumerate(zip(meta.window_anchors_cpu, meta.seq_lens_cpu))
+             if max(0, a + 1 - window) != max(0, s - window)]  # the rows whose first key the anchor moves
+    assert len(moved) == (6 if window == 5 else 1)
+    still = [i for i in range(len(query)) if i not in moved]
+    assert (plain[moved] - expected[moved]).abs().amax(dim=(1, 2)).min() > 0.05  # every moved window counts
+    torch.testing.assert_close(plain[still], expected[still], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # the two specialised head dims, the generic AVX-512 code (80) and the portable loops (72: not a multiple of 16)
 @pytest.mark.parametrize("head_dim", [64, 128, 80, 72])

@@ -22,7 +22,7 @@ from switchyard.backends.cuda.memory import (KV_HEADROOM, MemoryProfile, kv_cach
                                              num_kv_blocks_from_profile, profile_requests)
 from switchyard.core.backend import AttentionMetadata, AttentionSpec, ShardInfo
 from switchyard.core.config import CacheConfig
-from switchyard.core.ops.attention import paged_attention_reference
+from switchyard.core.ops.attention import ReferenceAttentionKernel, paged_attention_reference
 
 GiB = 2**30
 
@@ -131,6 +131,42 @@ def test_flash_kernel_passes_key_lengths_window_and_block_table(fake_flash_attn)
     assert fake_flash_attn.calls[-1] == dict(cu_seqlens_k=[0, 6, 9], window_size=(2, 0), causal=True)
     expected = paged_attention_reference(query, cache, [0, 1, 4], [6, 3], table, 0.35, 3)
     torch.testing.assert_close(out, expected)
+
+
+def test_flash_sliding_layers_hand_steps_with_window_anchors_to_the_triton_kernel(fake_flash_attn, monkeypatch):
+    """flash-attn takes one window per call: a step with window anchors (image rows,
+    AttentionMetadata.window_anchors) runs, in a sliding layer, on the Triton kernel of the same spec
+    (here the reference, which honours them); a global layer, and a step without anchors, on flash."""
+    monkeypatch.setattr(cuda_backend_module, "triton_attention", ReferenceAttentionKernel)
+    assert CudaBackend().capabilities().window_anchors
+    backend = CudaBackend()
+    sliding = backend.attention(spec_of(block_size=256, window=3))
+    assert isinstance(sliding, FlashAttnKernel) and isinstance(sliding._anchored, ReferenceAttentionKernel)
+    assert backend.attention(spec_of(block_size=256))._anchored is None  # a global layer needs none
+    spec = spec_of(block_size=4, dtype=torch.float32, window=3)
+    kernel = FlashAttnKernel(spec, fake_flash_attn.flash_attn_varlen_func, None, ReferenceAttentionKernel(spec))
+    torch.manual_seed(0)
+    cache, query = torch.randn(2, 6, 4, 2, 8), torch.randn(3, 4, 8)
+    table = torch.tensor([[2, 5]] * 3, dtype=torch.int32)
+    meta = AttentionMetadata(query_start_loc=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+                             seq_lens=torch.tensor([7, 7, 7], dtype=torch.int32), block_table=table,
+                             slot_mapping=torch.tensor([8, 9, 10]), num_decodes=3, max_query_len=1, max_seq_len=7,
+                             query_start_loc_cpu=(0, 1, 2, 3), seq_lens_cpu=(7, 7, 7))
+    anchors = dataclasses.replace(meta, window_anchors=torch.tensor([4, 5, 6], dtype=torch.int32),
+                                  window_anchors_cpu=(4, 5, 6))  # an image at 4-6, as image_rows.py lays it out
+    kernel.forward(query, cache, meta)
+    assert len(fake_flash_attn.calls) == 1
+    out = kernel.forward(query, cache, anchors)
+    assert len(fake_flash_attn.calls) == 1  # not flash
+    expected = paged_attention_reference(query, cache, [0, 1, 2, 3], [7, 7, 7], table, 0.35, 3,
+                                         window_anchors=[4, 5, 6])
+    torch.testing.assert_close(out, expected)
+    without = paged_attention_reference(query, cache, [0, 1, 2, 3], [7, 7, 7], table, 0.35, 3)
+    assert not torch.allclose(out[:2], without[:2])  # rows 4 and 5: their windows moved
+    global_layer = FlashAttnKernel(spec_of(block_size=4, dtype=torch.float32), fake_flash_attn.flash_attn_varlen_func,
+                                   None)
+    global_layer.forward(query, cache, anchors)
+    assert len(fake_flash_attn.calls) == 2
 
 
 def test_kv_budget_follows_tgi_cuda_memory_fraction():

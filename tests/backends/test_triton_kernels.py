@@ -239,6 +239,48 @@ def test_kernel_class_matches_reference_kernel():
                                **TOLERANCE[spec.dtype])
 
 
+def anchored(meta: AttentionMetadata, anchors: list[int]) -> AttentionMetadata:
+    return dataclasses.replace(meta, window_anchors=torch.tensor(anchors, dtype=torch.int32, device=DEVICE),
+                               window_anchors_cpu=tuple(anchors))
+
+
+def anchored_reference(spec: AttentionSpec, meta: AttentionMetadata, cache, query) -> torch.Tensor:
+    return paged_attention_reference(query.cpu(), cache.cpu(), list(meta.query_start_loc_cpu),
+                                     list(meta.seq_lens_cpu), meta.block_table.cpu(), spec.scale,
+                                     spec.sliding_window, spec.soft_cap, list(meta.window_anchors_cpu))
+
+
+# An image chunk's rows (core/multimodal/image_rows.py: positions 6-11, an image at 7-11, each of its
+# rows seeing up to 11 with its own position as anchor), a decode of 120 anchored at 60.
+IMAGE_ROWS = [(1, 7)] + [(1, 12)] * 5, list(range(6, 12))
+OTHER_ROWS = [(1, 120)], [60]
+
+
+@pytest.mark.parametrize("chunk,num_kv_splits", [(False, 1), (False, 4), (True, 1)],
+                         ids=["decode rows", "decode rows, kv splits", "and a prompt chunk"])
+def test_window_anchors_move_each_rows_window(chunk, num_kv_splits):
+    """Per-row window anchors (AttentionMetadata.window_anchors) in a sliding layer: the kernel (the
+    class, given the metadata; the launcher with flash-decoding splits) matches the reference, and
+    the rows whose anchor moves their window's first key differ from the anchor-less result."""
+    spec = make_spec(group=2, block_size=8, head_dim=32, dtype=torch.float32, sliding_window=4)
+    lens = IMAGE_ROWS[0] + OTHER_ROWS[0] + ([(5, 14)] if chunk else [])
+    anchors = IMAGE_ROWS[1] + OTHER_ROWS[1] + ([13] if chunk else [])
+    plain, cache, query = random_step(spec, lens, seed=5, num_blocks=40)
+    meta = anchored(plain, anchors)
+    expected = anchored_reference(spec, meta, cache, query)
+    if num_kv_splits == 1:
+        out = TritonAttentionKernel(spec).forward(query, cache, meta)
+    else:
+        out = triton_attention(spec, meta, cache, query, num_kv_splits=num_kv_splits,
+                               window_anchors=meta.window_anchors)
+    torch.testing.assert_close(out.cpu(), expected, **TOLERANCE[spec.dtype])
+    without = reference(spec, plain, cache, query)
+    moved = [1, 2, 3, 4, 6]  # rows at 7-10 (11's window starts at 8 either way), and the long decode
+    assert (without[moved] - expected[moved]).abs().amax(dim=(1, 2)).min() > 0.05
+    still = [i for i in range(len(query)) if i not in moved]
+    torch.testing.assert_close(without[still], expected[still], **TOLERANCE[spec.dtype])
+
+
 QUANTIZED_CASES = [  # kv_cache_dtype, dtype, block_size, group, head_dim, window, soft_cap
     ("int8", torch.float32, 16, 2, 64, None, None),
     ("int8", torch.bfloat16, 8, 3, 128, 7, 3.0),

@@ -34,7 +34,7 @@ void quantize_kv_rows(const at::Tensor& x, at::Tensor out) {
 // directory, so two builds loaded in one process never register the same op twice.
 SWITCHYARD_LIBRARY(m) {
   m.def("paged_decode(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, int window, float soft_cap) -> ()",
+        "float scale, int window, float soft_cap, Tensor? anchors=None) -> ()",
         &paged::paged_decode);
   m.def("quantize_kv_rows(Tensor x, Tensor(a!) out) -> ()", &quantize_kv_rows);
 }

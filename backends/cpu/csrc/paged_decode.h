@@ -10,7 +10,9 @@
 // the cache's dtype; or a quantized cache (kv_rows.h: int8, float8_e4m3fn or float8_e5m2 codes
 // with a float32 scale per row, --kv-cache-dtype), queries and outputs in float32 or bfloat16,
 // its codes converted to float32 as they are read (no float8 arithmetic is needed). Accumulation
-// in float32. Scale, sliding window and soft cap as AttentionSpec declares them.
+// in float32. Scale, sliding window and soft cap as AttentionSpec declares them; a row's window
+// counts back from its anchor (AttentionMetadata.window_anchors: an image token's own position,
+// core/multimodal/image_rows.py) where anchors are given, else from seq_len - 1.
 //
 // Work is spread with at::parallel_for over the tasks. A request longer than kSplit positions
 // is split into ranges of kSplit (flash-decoding's split-KV), and the ranges' (m, l, acc) are
@@ -31,7 +33,8 @@
 // Layouts: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim (+ 4 scale bytes when
 // quantized)] contiguous;
 // query/out [B, num_heads, head_dim] (last dim contiguous); block_table [>=B, W] int32;
-// seq_lens [>=B] int32 (the request's length including the token being decoded).
+// seq_lens [>=B] int32 (the request's length including the token being decoded); anchors, when
+// given, [>=B] int32 (each row attends to keys (anchor - window, seq_len) in a window).
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -41,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "kv_rows.h"
@@ -169,12 +173,14 @@ struct TaskPlan {
   int64_t num_tasks() const { return splits.back(); }
 };
 
-TaskPlan plan_tasks(const Shape& s, const int32_t* lens, int64_t batch) {
+// anchors: nullptr (each window counts back from seq_len - 1) or each row's anchor.
+TaskPlan plan_tasks(const Shape& s, const int32_t* lens, const int32_t* anchors, int64_t batch) {
   TaskPlan plan{std::vector<int64_t>(batch), std::vector<int64_t>(batch), std::vector<int64_t>(batch + 1, 0), 0};
   plan.chunk = kSplit;
   for (int64_t b = 0; b < batch; ++b) {
     plan.last[b] = lens[b];
-    plan.first[b] = s.window > 0 ? std::max<int64_t>(0, lens[b] - s.window) : 0;
+    const int64_t window_end = anchors != nullptr ? int64_t{anchors[b]} + 1 : int64_t{lens[b]};
+    plan.first[b] = s.window > 0 ? std::max<int64_t>(0, window_end - s.window) : 0;
     const int64_t length = plan.last[b] - plan.first[b];
     plan.splits[b + 1] = plan.splits[b] + std::max<int64_t>(1, (length + kSplit - 1) / kSplit);
   }
@@ -363,12 +369,12 @@ RowsFn<T> choose_rows_arithmetic(const Shape& s) {
 // Queries and outputs of type Q, the cache of element type C (Q itself, or a quantized code).
 template <typename Q, typename C>
 void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-         const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t batch) {
+         const at::Tensor& block_table, const at::Tensor& seq_lens, const int32_t* anchors, int64_t batch) {
   const Q* queries = query.const_data_ptr<Q>();
   Q* outs = out.data_ptr<Q>();
   const C* cache = kv_cache.const_data_ptr<C>();
   const int32_t* tables = block_table.const_data_ptr<int32_t>();
-  const TaskPlan plan = plan_tasks(s, seq_lens.const_data_ptr<int32_t>(), batch);
+  const TaskPlan plan = plan_tasks(s, seq_lens.const_data_ptr<int32_t>(), anchors, batch);
   const RangeFn<C> attend = choose_arithmetic<C>(s);
   const RowsFn<C> attend_rows = choose_rows_arithmetic<C>(s);
   const std::vector<Task> tasks = plan_group_tasks(s, plan, tables, batch, attend_rows != nullptr && s.window <= 0);
@@ -424,7 +430,7 @@ void run(const Shape& s, const at::Tensor& out, const at::Tensor& query, const a
 
 void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
                   const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, int64_t window,
-                  double soft_cap) {
+                  double soft_cap, const std::optional<at::Tensor>& anchors = std::nullopt) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_dim] tensor");
   TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && query.sizes() == out.sizes(), "query/out must be [B, H, D]");
@@ -446,6 +452,10 @@ void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_
                   kv_cache.size(2) <= kMaxBlock,
               "group, heads, head_dim or block size too large");
   TORCH_CHECK(block_table.size(0) >= batch && seq_lens.size(0) >= batch, "fewer block-table rows than queries");
+  TORCH_CHECK(!anchors.has_value() || (anchors->scalar_type() == at::kInt && anchors->is_contiguous() &&
+                                       anchors->size(0) >= batch),
+              "anchors must be int32, contiguous, one per query");
+  const int32_t* row_anchors = anchors.has_value() ? anchors->const_data_ptr<int32_t>() : nullptr;
   Shape s{kv_cache.size(2), kv_heads, head_dim, heads / kv_heads, block_table.stride(0), row,
           kv_cache.stride(0), query.stride(0), query.stride(1), out.stride(0), out.stride(1),
           static_cast<float>(scale), static_cast<float>(soft_cap), window};
@@ -453,15 +463,15 @@ void paged_decode(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_
     kv_rows::visit_quantized(cache_type, [&](auto code) {
       using C = decltype(code);
       if (query_type == at::kFloat) {
-        run<float, C>(s, out, query, kv_cache, block_table, seq_lens, batch);
+        run<float, C>(s, out, query, kv_cache, block_table, seq_lens, row_anchors, batch);
       } else {
-        run<c10::BFloat16, C>(s, out, query, kv_cache, block_table, seq_lens, batch);
+        run<c10::BFloat16, C>(s, out, query, kv_cache, block_table, seq_lens, row_anchors, batch);
       }
     });
   } else if (cache_type == at::kFloat) {
-    run<float, float>(s, out, query, kv_cache, block_table, seq_lens, batch);
+    run<float, float>(s, out, query, kv_cache, block_table, seq_lens, row_anchors, batch);
   } else if (cache_type == at::kBFloat16) {
-    run<c10::BFloat16, c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, batch);
+    run<c10::BFloat16, c10::BFloat16>(s, out, query, kv_cache, block_table, seq_lens, row_anchors, batch);
   } else {
     TORCH_CHECK(false, "paged_decode supports float32, bfloat16 and quantized (int8, float8) caches, not ", cache_type);
   }

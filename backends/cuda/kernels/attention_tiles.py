@@ -9,6 +9,10 @@ NUM_SPLITS > 1 (decode only) the key range is cut into NUM_SPLITS parts, each
 program writes an unnormalised partial result and `_combine_splits_kernel`
 merges them (flash-decoding).
 
+With USE_ANCHORS (AttentionMetadata.window_anchors), a request's window counts back from its
+anchor rather than from its last query's position: every row's window moves by anchor - (seq_len - 1)
+(0 for a prompt chunk, by the metadata's contract; an image token's row back to its own position).
+
 A quantized cache (KV_FORMAT > 0, --kv-cache-dtype: per token and KV head, head_dim one-byte
 codes and a float32 scale, core/kv/quantized.py) is read as bytes: the codes are turned into
 their values by integer and float16 bit moves (`_code_values`: no float8 instruction, so any GPU
@@ -51,14 +55,14 @@ def _locate_tile(query_start_loc_ptr, num_requests, BLOCK_Q: tl.constexpr, DECOD
 
 
 @triton.jit
-def _key_tile_range(seq_len, context_len, first_query, last_query, sliding_window, split,
+def _key_tile_range(seq_len, context_len, first_query, last_query, sliding_window, window_shift, split,
                     TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr):
     """Key tiles [begin, end) this program visits; query rows sit at positions
-    context_len + [first_query, last_query]."""
+    context_len + [first_query, last_query], their windows' anchors window_shift further on."""
     key_end = tl.minimum(seq_len, context_len + last_query + 1)
     key_begin = 0
     if USE_WINDOW:
-        key_begin = tl.maximum(context_len + first_query - sliding_window + 1, 0)
+        key_begin = tl.maximum(context_len + first_query + window_shift - sliding_window + 1, 0)
     begin = key_begin // TILE_N
     end = tl.cdiv(key_end, TILE_N)
     if NUM_SPLITS > 1:
@@ -104,8 +108,8 @@ def _code_values(codes, KV_FORMAT: tl.constexpr):
 
 @triton.jit
 def _attend_key_tile(q, m_i, l_i, acc, cache_ptr, scale_ptr, block_row_ptr, key_start, seq_len, row_pos,
-                     kv_head_offset, sliding_window, scale, soft_cap, dims, stride_cache_kv, stride_cache_block,
-                     stride_cache_slot, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     kv_head_offset, sliding_window, window_shift, scale, soft_cap, dims, stride_cache_kv,
+                     stride_cache_block, stride_cache_slot, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      UPCAST_DOT: tl.constexpr, KV_FORMAT: tl.constexpr):
     """One online-softmax step over keys [key_start, key_start + TILE_N)."""
@@ -131,7 +135,7 @@ def _attend_key_tile(q, m_i, l_i, acc, cache_ptr, scale_ptr, block_row_ptr, key_
         scores = scores * (scale * LOG2E)
     allowed = key_valid[None, :] & (key_pos[None, :] <= row_pos[:, None])
     if USE_WINDOW:
-        allowed = allowed & (key_pos[None, :] > row_pos[:, None] - sliding_window)
+        allowed = allowed & (key_pos[None, :] > row_pos[:, None] + window_shift - sliding_window)
     scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     p = tl.exp2(scores - m_new[:, None])
@@ -161,7 +165,7 @@ def _store_result(out_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, ac
 
 @triton.jit(do_not_specialize=["num_requests", "sliding_window"])
 def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, scale_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-                           partial_out_ptr, partial_max_ptr, partial_sum_ptr,
+                           window_anchors_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr,
                            num_requests, num_heads, scale, soft_cap, sliding_window,
                            stride_query_token, stride_query_head, stride_out_token, stride_out_head,
                            stride_cache_kv, stride_cache_block, stride_cache_slot, stride_cache_head,
@@ -170,7 +174,7 @@ def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, scale_ptr, block_table
                            BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_Q: tl.constexpr, DECODE_ONLY: tl.constexpr, NUM_SPLITS: tl.constexpr,
                            USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                           UPCAST_DOT: tl.constexpr, KV_FORMAT: tl.constexpr):
+                           UPCAST_DOT: tl.constexpr, KV_FORMAT: tl.constexpr, USE_ANCHORS: tl.constexpr):
     request, first_query = _locate_tile(query_start_loc_ptr, num_requests, BLOCK_Q, DECODE_ONLY)
     if request >= num_requests:
         return
@@ -180,6 +184,9 @@ def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, scale_ptr, block_table
         return
     seq_len = tl.load(seq_lens_ptr + request)
     context_len = seq_len - q_len
+    window_shift = seq_len * 0
+    if USE_ANCHORS:
+        window_shift = tl.load(window_anchors_ptr + request) - (seq_len - 1)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     row_query = first_query + rows // GROUP
@@ -192,7 +199,7 @@ def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, scale_ptr, block_table
                 mask=row_valid[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
     last_query = tl.minimum(first_query + BLOCK_Q, q_len) - 1
     split = tl.program_id(2)
-    begin, end = _key_tile_range(seq_len, context_len, first_query, last_query, sliding_window, split,
+    begin, end = _key_tile_range(seq_len, context_len, first_query, last_query, sliding_window, window_shift, split,
                                  TILE_N, USE_WINDOW, NUM_SPLITS)
     m_i = tl.full([BLOCK_M], EMPTY_MAX, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -201,7 +208,8 @@ def paged_attention_kernel(out_ptr, query_ptr, cache_ptr, scale_ptr, block_table
     kv_head_offset = kv_head.to(tl.int64) * stride_cache_head
     for key_tile in range(begin, end):
         m_i, l_i, acc = _attend_key_tile(q, m_i, l_i, acc, cache_ptr, scale_ptr, block_row_ptr, key_tile * TILE_N,
-                                         seq_len, row_pos, kv_head_offset, sliding_window, scale, soft_cap, dims,
+                                         seq_len, row_pos, kv_head_offset, sliding_window, window_shift, scale,
+                                         soft_cap, dims,
                                          stride_cache_kv, stride_cache_block, stride_cache_slot,
                                          BLOCK_SIZE, TILE_N, HEAD_DIM, USE_WINDOW, USE_SOFT_CAP, DOT_PRECISION,
                                          UPCAST_DOT, KV_FORMAT)

@@ -57,14 +57,15 @@ def choose_num_kv_splits(num_requests: int, num_kv_heads: int, max_query_len: in
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, block_table: torch.Tensor, *, scale: float, max_query_len: int,
                     sliding_window: int | None = None, soft_cap: float | None = None, num_kv_splits: int = 1,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, window_anchors: torch.Tensor | None = None) -> torch.Tensor:
     """query [T, num_heads, head_dim] (head dim contiguous) -> [T, num_heads, head_dim].
 
     query_start_loc [B + 1] int32, seq_lens [B] int32 (context length after this
     step), block_table [B, max_blocks] int32. `max_query_len` bounds every request's
     query length; 1 selects the decode-only path (grid = B programs per KV head, no
     search). `num_kv_splits` (power of two, decode-only) splits each request's keys
-    across programs. `out` may be given to write into a fixed buffer (graphs).
+    across programs. `out` may be given to write into a fixed buffer (graphs). `window_anchors`
+    [B] int32 (AttentionMetadata.window_anchors): where each request's window counts back from.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_requests = seq_lens.shape[0]
@@ -83,6 +84,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
     else:
         num_row_tiles = num_tokens // tiles.block_q + num_requests
     partials = _partial_buffers(num_tokens, num_heads, head_dim, num_splits, query.device)
+    use_anchors = window_anchors is not None and sliding_window is not None
+    anchors = window_anchors if use_anchors else seq_lens  # a pointer the kernel never reads without them
     kv_format = KV_FORMATS.get(kv_cache.dtype, 0)
     if kv_format:  # bytes, and the same bytes as float32 words (the rows' scales)
         kv_cache = kv_cache.view(torch.uint8)
@@ -90,7 +93,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
     else:
         scales = kv_cache
     paged_attention_kernel[(num_row_tiles, num_kv_heads, num_splits)](
-        out, query, kv_cache, scales, block_table, seq_lens, query_start_loc, *partials,
+        out, query, kv_cache, scales, block_table, seq_lens, query_start_loc, anchors, *partials,
         num_requests, num_heads, scale, 1.0 if soft_cap is None else soft_cap,
         0 if sliding_window is None else sliding_window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -99,7 +102,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
         BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
         DECODE_ONLY=decode_only, NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None,
         USE_SOFT_CAP=soft_cap is not None, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=query.device.type == "cpu", KV_FORMAT=kv_format, num_warps=tiles.num_warps,
+        UPCAST_DOT=query.device.type == "cpu", KV_FORMAT=kv_format, USE_ANCHORS=use_anchors,
+        num_warps=tiles.num_warps,
         num_stages=tiles.num_stages)
     if num_splits > 1:
         combine_splits_kernel[(num_requests, num_heads)](
