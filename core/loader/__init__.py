@@ -47,7 +47,7 @@ from ..models import ModelChoice, UnsupportedModelError, check_shardable, is_enc
 from ..pooling.decide import decide_pooling
 from ..pooling.spec import PoolingSpec
 from .dummy import fill_dummy_weights
-from .gguf_weights import GGUFWeights, load_gguf_config
+from .gguf_weights import GGUFWeights, load_gguf_config, load_gguf_tokenizer
 from .mmproj import MmprojWeights, read_mmproj, vision_language_config
 from .named_configs import NAMED_CONFIGS, dummy_tokenizer, named_config
 from .safetensors_weights import (count_safetensors_weights, generation_eos_token_ids, iterate_safetensors,
@@ -95,19 +95,22 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     the vision-language model's around the GGUF's (mmproj.py)."""
     if source.mmproj is not None:
         text_config = _model_config(replace(source, mmproj=None), trust_remote_code)
-        return vision_language_config(text_config, read_mmproj(source.mmproj), lambda: _gguf_tokenizer(source),
+        return vision_language_config(text_config, read_mmproj(source.mmproj),
+                                      lambda: _gguf_tokenizer(source, text_config),
                                       os.path.basename(source.path))
     return _model_config(source, trust_remote_code)
 
 
-def _gguf_tokenizer(source: ModelSource) -> Any:
+def _gguf_tokenizer(source: ModelSource, config: Any) -> Any:
     """The GGUF's tokenizer: the ServingTokenizer its converted metadata keeps, else transformers'."""
     if source.metadata is not None and (tokenizer := ServingTokenizer.read(source.metadata)) is not None:
         return tokenizer
-    from transformers import AutoTokenizer
-
     directory, gguf_file = source.tokenizer_files
-    return AutoTokenizer.from_pretrained(directory, **({"gguf_file": gguf_file} if gguf_file else {}))
+    if gguf_file is None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(directory)
+    return load_gguf_tokenizer(directory, gguf_file, config)
 
 
 def _model_config(source: ModelSource, trust_remote_code: bool) -> Any:

@@ -126,16 +126,14 @@ def _process_alive(pid: int) -> bool:
 
 
 def _convert(gguf_path: str, out_dir: str) -> None:
-    from transformers import AutoTokenizer
-
     from ..text.serving_tokenizer import ServingTokenizer
-    from .gguf_weights import load_gguf_config
+    from .gguf_weights import load_gguf_config, load_gguf_tokenizer
     from ..models.plain_config import write_plain_config
 
     config = load_gguf_config(gguf_path)
     config.save_pretrained(out_dir)
     write_plain_config(config, out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+    tokenizer = load_gguf_tokenizer(os.path.dirname(gguf_path), os.path.basename(gguf_path), config)
     tokenizer.save_pretrained(out_dir)
     if tokenizer.is_fast:
         ServingTokenizer.from_transformers(tokenizer).save(out_dir)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..engine.heartbeat import Heartbeat
+from .gguf_header import GGUFHeader, SkippedArray, read_header
 from .gguf_index import GGUFIndex, read_index, write_index
 from .gguf_processors import make_processor, processor_kind, transformers_processor
 from ..models.plain_config import transformers_config
@@ -30,13 +31,67 @@ logger = logging.getLogger(__name__)
 
 def load_gguf_config(path: str) -> Any:
     """The transformers config of a GGUF file, as transformers itself builds it, with what llama.cpp
-    derives from the file where transformers' reader leaves a class default (llama_cpp_derived)."""
+    derives from the file where transformers' reader leaves a class default (llama_cpp_derived);
+    a vision-language model's text GGUF, which transformers' reader refuses (VISION_TEXT), as
+    its text architecture (vision_text_config)."""
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    header = read_header(path)
+    if header.metadata.get("general.architecture") in VISION_TEXT:
+        return vision_text_config(path, header)
     config_dict = dict(load_gguf_checkpoint(path, return_tensors=False)["config"])
     config_dict.pop("_model_name_or_path", None)
     return llama_cpp_derived(AutoConfig.for_model(**config_dict))
+
+
+# llama.cpp architectures of a vision-language model's text GGUF (served with its --mmproj file,
+# mmproj.py) that transformers' GGUF reader does not know -> the text architecture whose keys
+# they hold (under their own prefix), as transformers' GGUF mapping names them. Qwen2-VL's and
+# Qwen2.5-VL's text model is Qwen2's, with M-RoPE: rope.dimension_sections (t, h, w and a fourth
+# band, 0) are the checkpoint's text_config mrope_section.
+VISION_TEXT = {"qwen2vl": "qwen2"}
+GGUF_ARCHITECTURE = "gguf_architecture"  # the config's key naming a VISION_TEXT file's architecture
+
+
+def vision_text_config(path: str, header: GGUFHeader) -> Any:
+    """The text model's transformers config of a VISION_TEXT GGUF (its `header`), under
+    transformers' mapping of its text architecture: the architecture's keys, the tokenizer's
+    special ids, the vocabulary's size, tied embeddings where the file has no output matrix,
+    M-RoPE's sections as rope_parameters' mrope_section."""
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    metadata = header.metadata
+    architecture = metadata["general.architecture"]
+    text = VISION_TEXT[architecture]
+    mappings = ((architecture, GGUF_CONFIG_MAPPING[text]), ("tokenizer", GGUF_CONFIG_MAPPING["tokenizer"]))
+    config = {name: metadata[f"{prefix}.{key}"] for prefix, mapping in mappings for key, name in mapping.items()
+              if name is not None and f"{prefix}.{key}" in metadata}
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in config and tokens is not None:
+        config["vocab_size"] = tokens.length if isinstance(tokens, SkippedArray) else len(tokens)
+    rope = {"rope_type": "default", "rope_theta": float(config.pop("rope_theta", 10000.0))}
+    sections = metadata.get(f"{architecture}.rope.dimension_sections")
+    if sections is not None:
+        if any(sections[3:]):
+            raise ValueError(f"GGUF file {os.path.basename(path)!r}: M-RoPE sections {sections} with a fourth band "
+                             f"are not {architecture}'s")
+        rope["mrope_section"] = [int(s) for s in sections[:3]]
+    tied = "output.weight" not in header.tensor_names
+    return AutoConfig.for_model(text, **config, rope_parameters=rope, tie_word_embeddings=tied,
+                                **{GGUF_ARCHITECTURE: architecture})
+
+
+def load_gguf_tokenizer(directory: str, gguf_file: str, config: Any) -> Any:
+    """transformers' tokenizer of the GGUF `gguf_file` in `directory`, whose config is `config`:
+    AutoTokenizer's, but for a VISION_TEXT file (AutoTokenizer reads the file's config with the
+    reader that refuses it): its tokenizer.json pipeline as it is (PreTrainedTokenizerFast, the
+    class AutoTokenizer gives a BPE GGUF's, as the pair's processor loads it)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vision_text = getattr(config, GGUF_ARCHITECTURE, None) in VISION_TEXT
+    return (PreTrainedTokenizerFast if vision_text else AutoTokenizer).from_pretrained(directory, gguf_file=gguf_file)
 
 
 # Gemma's query scale: the GGUF holds no key for it; llama.cpp (src/models/gemma2.cpp, gemma3.cpp)

@@ -11,8 +11,10 @@ the other file, with the `gguf` package, and decides once, at start, everything 
 - how images are prepared (`processor_config`, laid out for the family's
   `ImageFamily.processor_from_config`, core/multimodal/), since no processor files come with a
   GGUF pair;
-- every tensor's place in our modules (core/models/siglip.py, gemma3_vision.py), by gguf-py's own
-  name table (the converter's), and its shape, checked against the config and the text model.
+- every tensor's place in our modules (core/models/siglip.py, gemma3_vision.py, qwen2_vision.py,
+  qwen2_5_vision.py), by gguf-py's own name table (the converter's), and its shape, checked
+  against the config and the text model; a tensor the converter split (Qwen2-VL's qkv, its
+  Conv3d patch embedding) is its parts, put back together as it is read.
 What differs between projector types is said by one class each (mmproj_projectors.py, PROJECTORS,
 picked here by `clip.projector_type`).
 Anything it cannot serve is refused in one line (MmprojError), before a weight is read. The weights
@@ -20,7 +22,8 @@ themselves (`MmprojWeights`) are dequantized from whatever type the file holds (
 Q8_0, ...) to float32, any value the converter changed changed back; the model copies them into
 its dtype.
 
-Served projector types: PROJECTORS (llama.cpp's `clip.projector_type`): idefics3, gemma3.
+Served projector types: PROJECTORS (llama.cpp's `clip.projector_type`): idefics3, gemma3,
+qwen2vl_merger, qwen2.5vl_merger.
 """
 from __future__ import annotations
 
@@ -71,12 +74,16 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def _activation(reader: Any, path: str) -> str:
+def _activation(reader: Any) -> str:
     """The vision MLP's activation, as clip.cpp reads it: gelu (ggml's, tanh-approximated), silu,
     else quick gelu."""
     if _field(reader, "clip.use_silu", False):
-        raise MmprojError(f"--mmproj {os.path.basename(path)!r}: a SiLU vision MLP (clip.use_silu) is not served")
+        return "silu"
     return "gelu_pytorch_tanh" if _field(reader, "clip.use_gelu", False) else "quick_gelu"
+
+
+_FLAGS = {"silu": "a SiLU vision MLP (clip.use_silu)", "gelu_pytorch_tanh": "a GELU vision MLP (clip.use_gelu)",
+          "quick_gelu": "a quick-GELU vision MLP (neither clip.use_gelu nor clip.use_silu)"}
 
 
 def _projector_type(reader: Any) -> Any:
@@ -109,50 +116,57 @@ def read_mmproj(path: str) -> Mmproj:
             raise MmprojError(f"--mmproj {name!r} lacks {key}, which the vision tower needs")
         return value
 
-    vision = projector.vision_config(required, optional, _activation(reader, path))
+    activation = _activation(reader)
+    if activation not in projector.activations:
+        raise MmprojError(f"--mmproj {name!r}: {_FLAGS[activation]} is not served for {projector_type}")
     tensors = {tensor.name: tuple(int(d) for d in reversed(tensor.shape)) for tensor in reader.tensors}
     projection = tensors.get(projector.projection)
     if projection is None or len(projection) != 2:
         raise MmprojError(f"--mmproj {name!r} has no connector projection ({projector.projection})")
     try:
+        vision = projector.vision_config(required, optional, activation, tensors)
         scale_factor = projector.scale_factor(optional, vision, projection)
-    except MmprojError as error:
-        raise MmprojError(f"--mmproj {name!r}: {error}") from None
+    except MmprojError as error:  # the projector's own messages, named by the file (required's already are)
+        message = str(error)
+        raise MmprojError(message if message.startswith("--mmproj") else f"--mmproj {name!r}: {message}") from None
     processor_config = projector.processor_config(required, optional, vision, scale_factor)
     width = int(_field(reader, "clip.vision.projection_dim", 0)) or projector.width(projection)
     _check_tensors(name, projector, tensors, projector.shape_config(PlainConfig(vision), scale_factor, width))
     return Mmproj(path, projector_type, vision, scale_factor, width, processor_config)
 
 
-def gguf_names(projector: Projector, parameters: list[str], num_layers: int) -> dict[str, str]:
-    """GGUF tensor name -> our parameter name, by gguf-py's table of the converter (MODEL_ARCH.MMPROJ)."""
+def gguf_names(projector: Projector, shapes: dict[str, tuple[int, ...]],
+               num_layers: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """Our parameter -> the file's tensors that make it (its name, its shape), by gguf-py's table
+    of the converter (MODEL_ARCH.MMPROJ) and the projector's `parts`."""
     import gguf
 
     table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, num_layers)
-    names = {}
-    for parameter in parameters:
-        stored = table.get_name(projector.lookup_name(parameter), try_suffixes=(".weight", ".bias"))
+
+    def gguf_name(name: str) -> str:
+        stored = table.get_name(name, try_suffixes=(".weight", ".bias"))
         if stored is None:
-            raise MmprojError(f"gguf-py names no mmproj tensor for {parameter}")  # a gguf-py too old or too new
-        names[stored] = parameter
-    return names
+            raise MmprojError(f"gguf-py names no mmproj tensor for {name}")  # a gguf-py too old or too new
+        return stored
+
+    return {parameter: projector.parts(parameter, shape, gguf_name) for parameter, shape in shapes.items()}
 
 
 def _check_tensors(name: str, projector: Projector, tensors: dict[str, tuple[int, ...]], config: Any) -> None:
-    """Every tensor has its place and shape, and every parameter its tensor (the projection's
+    """Every tensor has its place and shape, and every parameter its tensors (the projection's
     width is checked against the text model's by vision_language_config)."""
-    shapes = projector.expected_shapes(config)
-    names = gguf_names(projector, list(shapes), config.vision_config.num_hidden_layers)
-    unknown = sorted(set(tensors) - set(names))
-    missing = sorted(stored for stored in names if stored not in tensors)
+    layout = gguf_names(projector, projector.expected_shapes(config), projector.block_count(config.vision_config))
+    parts = {stored: shape for stored_parts in layout.values() for stored, shape in stored_parts}
+    unknown = sorted(set(tensors) - set(parts))
+    missing = sorted(stored for stored in parts if stored not in tensors)
     if unknown or missing:
         raise MmprojError(f"--mmproj {name!r} does not hold a {projector.projector_type} vision tower of its own "
                           f"metadata: {len(missing)} tensors missing (e.g. {missing[:3]}), {len(unknown)} unknown "
                           f"(e.g. {unknown[:3]})")
-    for stored, parameter in names.items():
-        if tensors[stored] != shapes[parameter]:
+    for stored, shape in parts.items():
+        if tensors[stored] != shape:
             raise MmprojError(f"--mmproj {name!r}: tensor {stored} has shape {list(tensors[stored])}, its metadata "
-                              f"says {list(shapes[parameter])}")
+                              f"says {list(shape)}")
 
 
 def vision_language_config(text_config: Any, mmproj: Mmproj, tokenizer: Callable[[], Any],
@@ -180,27 +194,34 @@ def vision_language_config(text_config: Any, mmproj: Mmproj, tokenizer: Callable
 
 
 class MmprojWeights:
-    """The file's tensors as (our name, float32 tensor, the converter's changes undone), for the
-    composite model of `vision_language_config` (read_mmproj checked the file against it at start;
-    the projector type is the file's)."""
+    """The file's tensors as (our name, float32 tensor, the converter's changes undone: a tensor it
+    split put back together from its parts), for the composite model of `vision_language_config`
+    (read_mmproj checked the file against it at start; the projector type is the file's).
+    `names`: the file's tensor name -> our parameter it makes (or makes part of)."""
 
     def __init__(self, path: str, config: Any):
         self.path = path
         self.projector = PROJECTORS[_projector_type(_reader(path))]
         shapes = self.projector.expected_shapes(config)
-        self.names = gguf_names(self.projector, list(shapes), int(config.vision_config.num_hidden_layers))
+        self.parts = {parameter: [stored for stored, _ in parts] for parameter, parts in
+                      gguf_names(self.projector, shapes, self.projector.block_count(config.vision_config)).items()}
+        self.names = {stored: parameter for parameter, parts in self.parts.items() for stored in parts}
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.parts)
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         import numpy as np
         from gguf import GGUFReader
         from gguf.quants import dequantize
 
+        pending: dict[str, dict[str, torch.Tensor]] = {}  # parameter -> its parts read so far
         for tensor in GGUFReader(self.path).tensors:
             values = dequantize(tensor.data, tensor.tensor_type)
             shape = tuple(int(d) for d in reversed(tensor.shape))
             parameter = self.names[tensor.name]
-            values = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
-            yield parameter, self.projector.from_stored(parameter, values)
+            read = pending.setdefault(parameter, {})
+            read[tensor.name] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+            if len(read) == len(self.parts[parameter]):
+                del pending[parameter]
+                yield parameter, self.projector.from_stored(parameter, [read[n] for n in self.parts[parameter]])

@@ -1,105 +1,23 @@
-"""What differs between the projector types an mmproj file may hold (llama.cpp's
-`clip.projector_type`), one class each; mmproj.py reads and checks a file with the class that
-`PROJECTORS` gives for its type, and nothing else there depends on the type.
-
-Each class says:
-- the vision config (transformers' names, as a checkpoint's vision_config) from the file's
-  `clip.vision.*` metadata, and the connector's scale factor;
-- the shapes of our vision modules' parameters (built on the meta device), under the checkpoint
-  names the native model's `route` takes, and for each the name llama.cpp's converter
-  (convert_hf_to_gguf.py) looked up in gguf-py's MMPROJ table, and any value it changed;
-- the width the connector projects to, from its matrix;
-- how images are prepared (`processor_config`, as the family's processor from metadata takes it:
-  core/multimodal/idefics3.py, gemma3.py);
-- the composite model's config around the text GGUF's.
+"""The projector types an mmproj file may hold (llama.cpp's `clip.projector_type`), one class each
+(the base, `Projector`, and what each says: mmproj_base.py); mmproj.py reads and checks a file with
+the class that `PROJECTORS` gives for its type, and nothing else there depends on the type.
 
 Served: Idefics3 / SmolVLM ("idefics3", conversion/smolvlm.py) and Gemma 3 ("gemma3",
-conversion/gemma.py Gemma3VisionModel).
+conversion/gemma.py Gemma3VisionModel), here; Qwen2-VL ("qwen2vl_merger") and Qwen2.5-VL
+("qwen2.5vl_merger", conversion/qwenvl.py Qwen2VLVisionModel), mmproj_qwen2_vl.py.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from ..models.errors import UnsupportedModelError
 from ..models.plain_config import PlainConfig
+from .mmproj_base import BILINEAR, LANCZOS, Metadata, MmprojError, Projector
+from .mmproj_base import normalization as _normalization
+from .mmproj_qwen2_vl import Qwen2VLProjector, Qwen25VLProjector
 
-# transformers' PIL resampling codes (PILImageResampling)
-_LANCZOS, _BILINEAR = 1, 2
-
-
-class MmprojError(UnsupportedModelError):
-    """An --mmproj file that cannot be served with this language model; the message is one line."""
-
-
-Metadata = Callable[[str], Any]  # a clip.* key -> its value; raises MmprojError where it is required and absent
-
-
-class Projector(ABC):
-    """One projector type. `model_type`, `architecture`: the native class that serves the pair;
-    `image_token`: the token of the text tokenizer that takes the image rows; `tied_by_default`:
-    the family's tie_word_embeddings where the text config says none."""
-
-    projector_type: str
-    label: str  # the models it serves, for messages
-    model_type: str
-    architecture: str
-    image_token: str
-    tied_by_default: bool
-    projection: str  # the GGUF name of the connector's matrix, whose shape gives the width
-
-    @abstractmethod
-    def vision_config(self, required: Metadata, optional: Metadata, activation: str) -> dict[str, Any]:
-        """The vision config (a checkpoint's vision_config) from the clip.vision.* metadata."""
-
-    @abstractmethod
-    def scale_factor(self, optional: Metadata, vision: dict[str, Any], projection: tuple[int, ...]) -> int:
-        """The connector's factor (Idefics3's pixel shuffle, Gemma 3's pooling side)."""
-
-    @abstractmethod
-    def shape_config(self, vision: Any, scale_factor: int, text_hidden: int) -> PlainConfig:
-        """The composite config the modules of `expected_shapes` are built from."""
-
-    @abstractmethod
-    def expected_shapes(self, config: Any) -> dict[str, tuple[int, ...]]:
-        """Our vision tower's and connector's parameters (checkpoint names `route` takes) -> shape."""
-
-    @abstractmethod
-    def width(self, projection: tuple[int, ...]) -> int:
-        """The width the connector projects to, from its matrix's shape (as our parameter has it)."""
-
-    def lookup_name(self, parameter: str) -> str:
-        """The name the converter looks up in gguf-py's table for our `parameter`."""
-        return parameter
-
-    def from_stored(self, parameter: str, values: torch.Tensor) -> torch.Tensor:
-        """A tensor as our parameter takes it, from the file's values (the converter's changes undone)."""
-        return values
-
-    @abstractmethod
-    def processor_config(self, required: Metadata, optional: Metadata, vision: dict[str, Any],
-                         scale_factor: int) -> dict[str, Any]:
-        """How images are prepared, as the family's processor_from_config takes it."""
-
-    @abstractmethod
-    def composite(self, vision: dict[str, Any], scale_factor: int, vocab: dict[str, int],
-                  text_name: str) -> dict[str, Any]:
-        """The composite config's own keys (besides text_config, vision_config, the common ids):
-        the image token's id and the family's keys; refuses a tokenizer without the tokens."""
-
-    def token_id(self, vocab: dict[str, int], token: str, text_name: str) -> int:
-        token_id = vocab.get(token)
-        if token_id is None:
-            raise MmprojError(f"the language model {text_name!r} has no {token} token in its tokenizer: "
-                              f"not the language model of this pair ({self.projector_type} mmproj)")
-        return int(token_id)
-
-
-def _normalization(required: Metadata) -> dict[str, Any]:
-    return {"image_mean": [float(v) for v in required("clip.vision.image_mean")],
-            "image_std": [float(v) for v in required("clip.vision.image_std")]}
+__all__ = ["PROJECTORS", "MmprojError", "Projector"]
 
 
 def _siglip(model_type: str, required: Metadata, optional: Metadata, activation: str) -> dict[str, Any]:
@@ -135,7 +53,7 @@ class Idefics3Projector(Projector):
     # image resized to at most 4 tiles a side before it is cut
     default_tiles_per_side = 4
 
-    def vision_config(self, required, optional, activation):
+    def vision_config(self, required, optional, activation, tensors):
         return _siglip("idefics3_vision", required, optional, activation)
 
     def scale_factor(self, optional, vision, projection):
@@ -165,7 +83,7 @@ class Idefics3Projector(Projector):
     def processor_config(self, required, optional, vision, scale_factor):
         image_size, patch_size = vision["image_size"], vision["patch_size"]
         longest_edge = optional("clip.vision.preproc_image_size") or self.default_tiles_per_side * image_size
-        return {"image_processor": {"do_image_splitting": True, "resample": _LANCZOS,
+        return {"image_processor": {"do_image_splitting": True, "resample": LANCZOS,
                                     "size": {"longest_edge": int(longest_edge)},
                                     "max_image_size": {"longest_edge": image_size}, **_normalization(required)},
                 "image_seq_len": (image_size // patch_size) ** 2 // scale_factor ** 2}
@@ -190,7 +108,7 @@ class Gemma3Projector(Projector):
     _matrix = "multi_modal_projector.mm_input_projection_weight"
     _norm = "multi_modal_projector.mm_soft_emb_norm.weight"
 
-    def vision_config(self, required, optional, activation):
+    def vision_config(self, required, optional, activation, tensors):
         return _siglip("siglip_vision_model", required, optional, activation)
 
     def scale_factor(self, optional, vision, projection):
@@ -218,12 +136,12 @@ class Gemma3Projector(Projector):
     def lookup_name(self, parameter):
         return parameter.replace("_weight", ".weight") if parameter == self._matrix else parameter
 
-    def from_stored(self, parameter, values):
-        return values - 1.0 if parameter == self._norm else values
+    def from_stored(self, parameter, parts):
+        return parts[0] - 1.0 if parameter == self._norm else parts[0]
 
     def processor_config(self, required, optional, vision, scale_factor):
         image_size = vision["image_size"]
-        return {"image_processor": {"size": {"height": image_size, "width": image_size}, "resample": _BILINEAR,
+        return {"image_processor": {"size": {"height": image_size, "width": image_size}, "resample": BILINEAR,
                                     "do_pan_and_scan": False, **_normalization(required)},
                 "image_seq_length": (image_size // vision["patch_size"] // scale_factor) ** 2,
                 "boi_token": self.boi_token, "eoi_token": self.eoi_token, "image_token": self.image_token}
@@ -238,4 +156,5 @@ class Gemma3Projector(Projector):
 
 
 # clip.projector_type -> its class: the one place a file's type is decided
-PROJECTORS: dict[str, Projector] = {p.projector_type: p for p in (Idefics3Projector(), Gemma3Projector())}
+PROJECTORS: dict[str, Projector] = {p.projector_type: p for p in (Idefics3Projector(), Gemma3Projector(),
+                                                                  Qwen2VLProjector(), Qwen25VLProjector())}

@@ -48,6 +48,19 @@ class Qwen2VLFamily(ImageFamily):
 
         return AutoImageProcessor.from_pretrained(directory, local_files_only=True)
 
+    @classmethod
+    def processor_from_config(cls, processor_config: dict[str, Any], tokenizer_files: tuple[str, str | None]) -> Any:
+        """transformers' PIL Qwen2VLImageProcessor (the one AutoImageProcessor gives without
+        torchvision; BICUBIC, as llama.cpp's clip.cpp), alone as load_processor's: the expansion
+        needs no tokenizer (`tokenizer_files` is not read)."""
+        try:  # transformers 5: the PIL image processor has its own class
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
+                Qwen2VLImageProcessorPil as ImageProcessor
+        except ImportError:  # transformers 4: Qwen2VLImageProcessor is the PIL one
+            from transformers import Qwen2VLImageProcessor as ImageProcessor
+
+        return ImageProcessor(**processor_config["image_processor"])
+
     def prepare(self, image: Any, split: bool) -> tuple[Any, Expansion]:
         frames = self.frames(image, split)
         t, h, w = frames.grid

@@ -42,17 +42,20 @@ VISION = {  # tiny towers: patch 14, temporal patch 2, 2x2 merge, width 32, 2 he
 }
 
 
-def tiny_qwen2_vl(path, seed: int = 1, family: str = "qwen2_vl"):
+def tiny_qwen2_vl(path, seed: int = 1, family: str = "qwen2_vl", tokenizer=None, vision: dict | None = None,
+                  pixels: tuple[int, int] = (28 * 28, 28 * 28 * 8)):
     """Saves a tiny Qwen2-VL (or, `family="qwen2_5_vl"`, Qwen2.5-VL) checkpoint, its tokenizer and
     image processor under `path`; returns (hf model, tokenizer, image processor).
     Text: hidden 64, 4 heads of 16 (mrope_section [2, 3, 3] sums to 16 / 2), 2 KV heads, 2 layers;
-    vision: VISION[family]."""
+    vision: VISION[family], updated with `vision`. `tokenizer`: one with Qwen's special tokens in
+    place of the tiny one (a tokenizer llama.cpp's converter knows:
+    tests/core/test_vision_mmproj_qwen2_vl.py); `pixels`: the image processor's (min, max) pixels."""
     import torch
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokenizer = tiny_qwen_tokenizer()
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 8)
+    tokenizer = tokenizer if tokenizer is not None else tiny_qwen_tokenizer()
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels[0], max_pixels=pixels[1])
     ids = tokenizer.convert_tokens_to_ids
     config_class, model_class = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
                                  "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")}[family]
@@ -60,7 +63,8 @@ def tiny_qwen2_vl(path, seed: int = 1, family: str = "qwen2_vl"):
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
         tie_word_embeddings=False,
-        vision_config=dict(VISION[family], patch_size=14, temporal_patch_size=2, spatial_merge_size=2),
+        vision_config={**VISION[family], **(vision or {}), "patch_size": 14, "temporal_patch_size": 2,
+                       "spatial_merge_size": 2},
         text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},

@@ -1,7 +1,8 @@
 """What the GGUF + mmproj pair tests of each family share (test_vision_mmproj.py: Idefics3,
-test_vision_mmproj_gemma3.py: Gemma 3): llama.cpp's converter where it is installed, test images, a
-refusal's one line, an engine on the CPU, and the check that a processor made from an mmproj file's
-metadata prepares images as the checkpoint's own."""
+test_vision_mmproj_gemma3.py: Gemma 3, test_vision_mmproj_qwen2_vl.py: Qwen2-VL, Qwen2.5-VL):
+llama.cpp's converter where it is installed, test images, a refusal's one line, an engine on the
+CPU, and the check that a processor made from an mmproj file's metadata prepares images as the
+checkpoint's own."""
 from __future__ import annotations
 
 import os
@@ -53,4 +54,7 @@ def assert_prepares_alike(made, saved) -> None:
         (made_pixels, made_expansion), (saved_pixels, saved_expansion) = (made.prepare(picture, True),
                                                                           saved.prepare(picture, True))
         assert made_expansion == saved_expansion
+        if hasattr(made_pixels, "grid"):  # Qwen2-VL's GridPatches: the grid, then the patches
+            assert made_pixels.grid == saved_pixels.grid
+            made_pixels, saved_pixels = made_pixels.patches, saved_pixels.patches
         torch.testing.assert_close(made_pixels, saved_pixels, atol=0, rtol=0)
