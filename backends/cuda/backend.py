@@ -87,7 +87,9 @@ class CudaBackend(ProcessGroupShards, Backend):
                             # the Triton shrink and expand (kernels/lora.py)
                             lora=True,
                             # the Triton kernel; flash-attn's sliding layers hand such steps to it (flash.py)
-                            window_anchors=True)
+                            window_anchors=True,
+                            # the towers are plain torch modules (core/models/siglip.py, qwen2_vision.py) on the GPU
+                            vision_encoders=True)
 
     @property
     def device(self) -> torch.device:
