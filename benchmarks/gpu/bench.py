@@ -9,6 +9,9 @@
   4. The same shape quantized (quant_bench.py): GPTQ 4-bit and AWQ checkpoints of random
      weights written here offline, and fp8 made at load; per row the kernels chosen, load
      time, batch-1 decode next to its roofline and output tokens/s.
+  5. Images in (run before 4, seconds): a tiny random-weight vision-language model's greedy
+     tokens for two image prompts through the CUDA backend, the tower on the GPU, equal to the
+     CPU reference backend's (core/testing/backend_contract.py image_answers).
 
     python benchmarks/gpu/bench.py --out DIR            # on the GPU machine
     python benchmarks/gpu/bench.py --smoke --out DIR    # CPU, llama-tiny, interpreter: checks the script
@@ -106,10 +109,23 @@ def main() -> int:
         quant_bench.release(engine, device)  # sections 2-3's weights, KV cache and graphs leave the device
         engine = None
         quant_bench.free_device_memory(device)
+    if not run_section(log, "5. images in: a tiny vision-language model's greedy tokens, CUDA against the reference",
+                       check_images, log, make_backend(args.smoke)):
+        status = 1
     if args.quant_methods:
         run_section(log, f"4. quantized {args.model}: {', '.join(args.quant_methods)}", quant_bench.run, log, args,
                     device, lambda: make_backend(args.smoke), Deadline(hard_end - 5))
     return status
+
+
+def check_images(log, backend) -> bool:
+    """The vision tower on the device (Capabilities.vision_encoders): the contract suite's image
+    prompts, float32, equal to the CPU reference backend's tokens."""
+    from switchyard.core.testing.backend_contract import image_answers
+
+    answers, expected = image_answers(backend, 16)
+    log(f"  CUDA {answers}\n  reference {expected}\n  {'equal' if answers == expected else 'DIFFERENT'}")
+    return answers == expected
 
 
 def measure_bandwidth(log, device, args) -> float:

@@ -335,16 +335,8 @@ class BackendContract:
             pytest.skip("the backend declares no vision encoders (a request with images is refused)")
         if "float32" not in caps.dtypes:
             pytest.skip("greedy tokens are compared in float32, which this backend does not declare")
-        import tempfile
-
-        from .tiny_vlm import tiny_idefics3
-
-        block_size = self.block_sizes(backend)[0]
-        with tempfile.TemporaryDirectory() as path:
-            _, processor = tiny_idefics3(path)
-            config = _vlm_config(path, block_size)
-            expected = _image_answers(EngineCore(config, backend=ReferenceBackend(block_size)), processor)
-            assert _image_answers(EngineCore(config, backend=backend), processor) == expected
+        answers, expected = image_answers(backend, self.block_sizes(backend)[0])
+        assert answers == expected
 
     def test_num_kv_blocks_is_at_least_two(self, backend):
         assert backend.num_kv_blocks(4096, CacheConfig()) >= 2
@@ -395,6 +387,21 @@ def _engine_config(block_size: int) -> EngineConfig:
 @functools.cache
 def _reference_tokens(block_size: int, max_tokens: int) -> dict[str, list[int]]:
     return _generate(EngineCore(_engine_config(block_size), backend=ReferenceBackend(block_size)), max_tokens)
+
+
+def image_answers(backend, block_size: int) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """(the backend's, the reference backend's) greedy tokens of two image prompts to a tiny
+    random-weight vision-language model (tiny_vlm.py), float32; also run on a GPU by
+    benchmarks/gpu/bench.py."""
+    import tempfile
+
+    from .tiny_vlm import tiny_idefics3
+
+    with tempfile.TemporaryDirectory() as path:
+        _, processor = tiny_idefics3(path)
+        config = _vlm_config(path, block_size)
+        expected = _image_answers(EngineCore(config, backend=ReferenceBackend(block_size)), processor)
+        return _image_answers(EngineCore(config, backend=backend), processor), expected
 
 
 def _vlm_config(path: str, block_size: int) -> EngineConfig:
