@@ -29,7 +29,7 @@ BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q5_0": 22, "q5_1": 24, "q4_k
 BLOCK_WEIGHTS = {"q4_0": 32, "q4_1": 32, "q8_0": 32, "q5_0": 32, "q5_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
 FORMATS = (*BLOCK_BYTES, *SCALED_FORMATS, "int8")
 # (group, bits) of each block format's affine form (AffineBlocks).
-_GROUP_BITS = {"q4_0": (32, 4), "q4_1": (32, 4), "q8_0": (32, 8), "q5_0": (32, 5), "q5_1": (32, 5),
+GROUP_BITS = {"q4_0": (32, 4), "q4_1": (32, 4), "q8_0": (32, 8), "q5_0": (32, 5), "q5_1": (32, 5),
                "q4_k": (32, 4), "q5_k": (32, 5), "q6_k": (16, 6)}
 
 
@@ -114,7 +114,7 @@ def _bits(qh: torch.Tensor) -> torch.Tensor:
     return ((qh[..., :, None] >> shifts) & 1).flatten(-2)
 
 
-def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., 12] bytes -> the 8 six-bit scales and 8 six-bit mins [..., 8] (ggml's
     get_scale_min_k4): bytes 0-3 hold scales 0-3 (low 6 bits) and the high 2 bits of scales
     4-7, bytes 4-7 the same for the mins, bytes 8-11 the low 4 bits of scale (low nibble) and
@@ -131,7 +131,7 @@ def _affine(fmt: str, data: torch.Tensor, inp: int) -> AffineBlocks:
     bits), so w = d * u + c rounds once, as ggml's own d * q + m or d * q - dm does."""
     rows = data.shape[0]
     b = data.reshape(rows, inp // BLOCK_WEIGHTS[fmt], BLOCK_BYTES[fmt])  # [rows, blocks, bytes]
-    group, bits = _GROUP_BITS[fmt]
+    group, bits = GROUP_BITS[fmt]
     if fmt in ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1"):
         d = _fp16(b, 0)
         if fmt == "q8_0":  # int8 q + 128, as a byte: the sign bit flipped
@@ -148,7 +148,7 @@ def _affine(fmt: str, data: torch.Tensor, inp: int) -> AffineBlocks:
         # d, dmin, 12 bytes of scales/mins, [q5_k: 32 bytes qh], 128 bytes qs. qs byte l of
         # chunk i (32 bytes) holds weight l of sub-block 2i (low) and of 2i + 1 (high); qh byte l
         # holds bit j = the fifth bit of weight l of sub-block j.
-        scale, minimum = _scale_min_k4(b[..., 4:16])
+        scale, minimum = scale_min_k4(b[..., 4:16])
         d, c = _fp16(b, 0) * scale.float(), -(_fp16(b, 2) * minimum.float())  # [rows, blocks, 8]
         qs = b[..., -128:].reshape(rows, -1, 4, 1, 32)
         u = torch.cat([qs & 0x0F, qs >> 4], dim=-2).reshape(rows, -1, 8, 32)

@@ -8,7 +8,7 @@ SWITCHYARD_LIBRARY(m) {
   m.impl("block_mm", c10::DispatchKey::CPU, &blocks::block_mm);
   m.def("block_dequantize(Tensor packed, Tensor segments, int out_features, int in_features, ScalarType dtype) -> Tensor");
   m.impl("block_dequantize", c10::DispatchKey::CPU, &blocks::block_dequantize);
-  m.def("block_pack(Tensor d, Tensor c, Tensor u, int bits, int group) -> Tensor");
+  m.def("block_pack(Tensor head, Tensor super, Tensor u, int bits, int group, int scheme) -> Tensor");
   m.impl("block_pack", c10::DispatchKey::CPU, &blocks::block_pack);
   m.def("block_mm_isa() -> str", &blocks::block_mm_isa);
   m.def("block_mm_amx_rows() -> int", &blocks::block_mm_amx_rows);

@@ -6,17 +6,22 @@
 // W is repacked once at load (backends/cpu/block_pack.py; the one description of the layout)
 // into tiles of 16 output rows, in one or more segments of consecutive output rows (a fused
 // q/k/v whose parts come in different formats is one segment per part). A segment has a
-// layout (bits, group): every weight is w = d * u + c with u unsigned of `bits` bits (4, 5, 6
-// or 8) and d, c per `group` weights (32, or 16 for q6_k). Tile t, block b (weights
-// 32b..32b+31 of the tile's 16 rows) is one record:
-//   header, per group g of the block (1 or 2): fp16 d[16], fp16 c[16]
+// layout (bits, group, scheme): every weight is w = d * u + c with u unsigned of `bits` bits
+// (4, 5, 6 or 8), d, c per `group` weights (32, or 16 for q6_k), stored as the scale scheme
+// says (kScheme*: the file's own fields; for the k-quants sub-scales per group and fp16 scales
+// per super-block of 8 blocks). Tile t, block b (weights 32b..32b+31 of the tile's 16 rows) is
+// one record:
+//   header: the scheme's fields, 16 rows each (scales1 reads them; 32 or 64 bytes a group)
 //   payload: 8 chunks of 16 four-byte lanes, lane r of chunk j holding row r's u for the 4
 //     weights 4j..4j+3 of the block. 8 bits: the 8 chunks, 512 bytes. 4-6 bits: the low
 //     nibbles, chunks 2q (low halves) and 2q+1 (high halves) sharing the 64 bytes of nibble
 //     group q (256 bytes), then one 64-byte plane per bit above 4: 8 bytes a chunk, bit 4r+i
 //     of chunk j's 64-bit word = that bit of lane r's byte i.
-// A segment's tiles follow each other: tile t is the bytes [t * blocks * record, (t + 1) *
-// blocks * record) from the segment's byte offset.
+// A k-quant super-block's scales come just before its first record. A segment's tiles follow
+// each other: tile t is the bytes [t * tile_bytes, (t + 1) * tile_bytes) from the segment's
+// byte offset. Every path (VNNI, AMX, AVX2, portable, dequantization) reads a group's (d, c)
+// through one function per vector width (scales16, scales8, scales1), each forming the same
+// exact float32 values.
 //
 // x [M, K] (float32 or bfloat16) is first rounded per 32 values to int8 qa with scale
 // e = max|x| / 127 (llama.cpp's q8_0 activations), with s = e * sum(qa) per block and per half
@@ -67,13 +72,69 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kRowsPerTile = 4;  // input rows whose accumulators stay in registers
 
-// Scale groups of a block (G) and the record's parts, for a layout (bits, group).
+// Scale schemes: how a record (and, for the k-quants, its super-block) stores the (d, c) of
+// each scale group; block_pack.py's SCHEMES, with the same numbers.
+constexpr int64_t kSchemeDC = 0;   // fp16 d[16], fp16 c[16] per group (q4_1, q5_1)
+constexpr int64_t kSchemeD = 1;    // fp16 d[16] per group; c = -2^(bits-1) d (q4_0, q5_0, q8_0)
+constexpr int64_t kSchemeK = 2;    // uint8 sc[16], mn[16]; per super-block fp16 d[16], dmin[16] (q4_k, q5_k)
+constexpr int64_t kSchemeK6 = 3;   // int8 sc[16] per group; per super-block fp16 d[16]; c = -32 d (q6_k)
+constexpr int64_t kSuperBlocks = 8;  // blocks of a k-quant super-block (256 weights)
+
+// The sizes of a layout (bits, group, scheme) in one place: scale groups of a block (G), a
+// record's header and payload, a super-block's scales, a tile of `blocks` records.
 constexpr int64_t groups_of(int64_t group) { return kBlock / group; }
-constexpr int64_t header_bytes(int64_t group) { return 64 * groups_of(group); }
+constexpr int64_t header_bytes(int64_t group, int64_t scheme) {
+  return scheme == kSchemeDC ? 64 * groups_of(group) : scheme == kSchemeD ? 32 * groups_of(group) : 32;
+}
+constexpr int64_t super_bytes(int64_t scheme) { return scheme == kSchemeK ? 64 : scheme == kSchemeK6 ? 32 : 0; }
 constexpr int64_t payload_bytes(int64_t bits) { return bits == 8 ? 512 : 256 + 64 * (bits - 4); }
-constexpr int64_t record_bytes(int64_t bits, int64_t group) { return header_bytes(group) + payload_bytes(bits); }
+constexpr int64_t record_bytes(int64_t bits, int64_t group, int64_t scheme) {
+  return header_bytes(group, scheme) + payload_bytes(bits);
+}
+constexpr int64_t tile_bytes(int64_t bits, int64_t group, int64_t scheme, int64_t blocks) {
+  return blocks * record_bytes(bits, group, scheme) + blocks / kSuperBlocks * super_bytes(scheme);
+}
+// Block b's record in its tile, and its super-block's scales (k-quants), which precede the
+// super-block's first record; where block b's bytes start (with its scales for a first block).
+constexpr int64_t record_offset(int64_t bits, int64_t group, int64_t scheme, int64_t b) {
+  return b * record_bytes(bits, group, scheme) + (b / kSuperBlocks + 1) * super_bytes(scheme);
+}
+constexpr int64_t super_offset(int64_t bits, int64_t group, int64_t scheme, int64_t b) {
+  return b / kSuperBlocks * (kSuperBlocks * record_bytes(bits, group, scheme) + super_bytes(scheme));
+}
+constexpr int64_t block_start(int64_t bits, int64_t group, int64_t scheme, int64_t b) {
+  return b % kSuperBlocks == 0 ? super_offset(bits, group, scheme, b) : record_offset(bits, group, scheme, b);
+}
+// The layouts the kernel has (read_segments refuses the others).
+constexpr bool known_layout(int64_t bits, int64_t group, int64_t scheme) {
+  return group == 32 ? ((bits == 4 || bits == 5) && scheme != kSchemeK6) || (bits == 8 && scheme == kSchemeD)
+                     : group == 16 && bits == 6 && scheme == kSchemeK6;
+}
 
 inline float half_to_float(uint16_t bits) { return c10::detail::fp16_ieee_to_fp32_value(bits); }
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return half_to_float(bits);
+}
+
+// The (d, c) of row r, scale group g of a record at rec (its super-block's scales at sup): the
+// scalar reading of every scheme. The vector readings (scales16, scales8) compute the same
+// float32 values: every product is exact (an 11-bit fp16 mantissa times an integer of at most 8
+// bits), so the paths agree to the bit and the k-quants' (d, c) equal the file's.
+template <int64_t Bits, int64_t Group, int64_t Scheme>
+inline void scales1(const uint8_t* sup, const uint8_t* rec, int64_t r, int64_t g, float& d, float& c) {
+  if constexpr (Scheme == kSchemeDC) {
+    d = half_at(rec + 64 * g + 2 * r), c = half_at(rec + 64 * g + 32 + 2 * r);
+  } else if constexpr (Scheme == kSchemeK) {
+    d = half_at(sup + 2 * r) * static_cast<float>(rec[r]);
+    c = -1.0f * (half_at(sup + 32 + 2 * r) * static_cast<float>(rec[16 + r]));
+  } else {
+    d = Scheme == kSchemeD ? half_at(rec + 32 * g + 2 * r)
+                           : half_at(sup + 2 * r) * static_cast<float>(static_cast<int8_t>(rec[16 * g + r]));
+    c = d * -static_cast<float>(1 << (Bits - 1));
+  }
+}
 
 // The activations in blocks: qa int8 [M, K], e [M, K/32], s = e * sum(qa) [M, K/32] and per
 // half block [M, K/16].
@@ -181,11 +242,15 @@ inline int32_t weight_u(const uint8_t* payload, int64_t r, int64_t k) {
 // Q8_0 LM head 2.6-2.8 ms without, 1.5-1.9 with.
 constexpr int64_t kPrefetchBytes = 2048;
 
-// The lines of the record `ahead` bytes after rec.
-template <int64_t Bits, int64_t Group, int64_t Ahead = kPrefetchBytes>
-inline void prefetch_record(const uint8_t* rec) {
-  for (int64_t line = 0; line < record_bytes(Bits, Group); line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + Ahead + line), _MM_HINT_T0);
+// The lines `Ahead` bytes after block b's bytes in its tile (its record, and before the first
+// record of a super-block its scales: blocks follow each other, so every byte of a thread's
+// tiles is prefetched once whatever the record's size; records need not start on a line).
+template <int64_t Bits, int64_t Group, int64_t Scheme, int64_t Ahead = kPrefetchBytes>
+inline void prefetch_record(const uint8_t* tile, int64_t b) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(tile + block_start(Bits, Group, Scheme, b) + Ahead);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(tile + block_start(Bits, Group, Scheme, b + 1) + Ahead);
+  for (uintptr_t line = begin & ~uintptr_t{63}; line < end; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
   }
 }
 #endif
@@ -212,24 +277,43 @@ inline void unpack(const uint8_t* payload, __m512i w[8]) {
   }
 }
 
+inline __m512 halves16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// scales1 for the 16 rows at once (the VNNI loop's and AMX's reading of every scheme).
+template <int64_t Bits, int64_t Group, int64_t Scheme>
+inline void scales16(const uint8_t* sup, const uint8_t* rec, int g, __m512& d, __m512& c) {
+  const auto bytes = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  if constexpr (Scheme == kSchemeDC) {
+    d = halves16(rec + 64 * g), c = halves16(rec + 64 * g + 32);
+  } else if constexpr (Scheme == kSchemeK) {
+    d = _mm512_mul_ps(halves16(sup), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(rec))));
+    c = _mm512_mul_ps(_mm512_set1_ps(-1.0f),
+                      _mm512_mul_ps(halves16(sup + 32), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes(rec + 16)))));
+  } else {
+    d = Scheme == kSchemeD ? halves16(rec + 32 * g)
+                           : _mm512_mul_ps(halves16(sup), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(rec + 16 * g))));
+    c = _mm512_mul_ps(d, _mm512_set1_ps(-static_cast<float>(1 << (Bits - 1))));
+  }
+}
+
 // One tile times R input rows from m0: the R accumulators (and the c terms, kept apart so that
 // each block adds to two independent chains) stay in registers, R a constant.
-template <int64_t Bits, int64_t Group, int R, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, int R, typename T>
 inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t m0, bool prefetch,
                       T* out, int64_t N, int64_t count) {
-  constexpr int64_t record = record_bytes(Bits, Group), G = groups_of(Group), chunks = 8 / G;
+  constexpr int64_t G = groups_of(Group), chunks = 8 / G;
   __m512 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps(), acc_c[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = tile + b * record;
-    if (prefetch) prefetch_record<Bits, Group>(rec);
+    const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+    const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
+    if (prefetch) prefetch_record<Bits, Group, Scheme>(tile, b);
     __m512 d[G], c[G];
-    for (int g = 0; g < G; ++g) {
-      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * g)));
-      c[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * g + 32)));
-    }
+    for (int g = 0; g < G; ++g) scales16<Bits, Group, Scheme>(sup, rec, g, d[g], c[g]);
     __m512i w[8];
-    unpack<Bits>(rec + header_bytes(Group), w);
+    unpack<Bits>(rec + header_bytes(Group, Scheme), w);
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
@@ -320,18 +404,18 @@ inline void configure_tiles() {
 // tile product is issued two stages before it is scaled and added. The c terms follow in a pass
 // of their own (their chains would not fit in the registers beside the accumulators).
 // `u` holds the tile's unpacked payloads (blocks x 512 bytes): written here when `unpack_now`.
-template <int64_t Bits, int64_t Group, int R, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, int R, typename T>
 inline void tile_rows_amx(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t m0, bool unpack_now,
                           uint8_t* u, T* out, int64_t N, int64_t count) {
-  constexpr int64_t record = record_bytes(Bits, Group), G = groups_of(Group);
+  constexpr int64_t G = groups_of(Group);
   const int64_t K = blocks * kBlock, stages = blocks * G;
   const int8_t* a = in.q.data() + m0 * K;
   const auto issue = [&](int64_t stage) {
     if (stage >= stages) return;
     const int64_t b = stage / G, g = stage % G;
-    const uint8_t* rec = tile + b * record;
-    const uint8_t* weights = rec + header_bytes(Group);
-    if (g == 0 && unpack_now) prefetch_record<Bits, Group, kAmxPrefetchBytes>(rec);
+    const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+    const uint8_t* weights = rec + header_bytes(Group, Scheme);
+    if (g == 0 && unpack_now) prefetch_record<Bits, Group, Scheme, kAmxPrefetchBytes>(tile, b);
     if constexpr (Bits != 8) {
       if (g == 0 && unpack_now) {
         __m512i w[8];
@@ -364,7 +448,9 @@ inline void tile_rows_amx(const QuantizedInput& in, const uint8_t* tile, int64_t
     }
     asm volatile("" : "=m"(dots[stage % 4]));  // GCC's tile intrinsics do not say they touch memory
     const int64_t b = stage / G, g = stage % G;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * record + 64 * g)));
+    __m512 d, c;  // c: in the pass below
+    scales16<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), tile + record_offset(Bits, Group, Scheme, b),
+                                  static_cast<int>(g), d, c);
     const float* e_rows = in.scale_t.data() + b * in.padded_rows + m0;
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m) {
@@ -378,7 +464,9 @@ inline void tile_rows_amx(const QuantizedInput& in, const uint8_t* tile, int64_t
   for (int m = 0; m < R; ++m) acc_c[m] = _mm512_setzero_ps();
   for (int64_t stage = 0; stage < stages; ++stage) {
     const int64_t b = stage / G, g = stage % G;
-    const __m512 c = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * record + 64 * g + 32)));
+    __m512 d, c;  // d: in the pass above
+    scales16<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), tile + record_offset(Bits, Group, Scheme, b),
+                                  static_cast<int>(g), d, c);
     const float* s_rows = (G == 1 ? in.sum_t.data() + b * in.padded_rows : in.half_t.data() + (2 * b + g) * in.padded_rows) + m0;
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m) acc_c[m] = _mm512_fmadd_ps(c, _mm512_set1_ps(s_rows[m]), acc_c[m]);
@@ -391,26 +479,26 @@ inline void tile_rows_amx(const QuantizedInput& in, const uint8_t* tile, int64_t
 }
 
 // tiles() on AMX (M >= kAmxMinRows; the activations padded to a multiple of kAmxRows rows).
-template <int64_t Bits, int64_t Group, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 void tiles_amx(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
                int64_t t_begin, int64_t t_end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   static thread_local std::vector<__m512i> scratch;
   if (Bits != 8 && static_cast<int64_t>(scratch.size()) < blocks * 8) scratch.resize(blocks * 8);
   uint8_t* u = reinterpret_cast<uint8_t*>(scratch.data());
   configure_tiles<Group>();
   for (int64_t t = t_begin; t < t_end; ++t) {
-    const uint8_t* tile = packed + t * blocks * record;
+    const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     T* o = out + t * kTileRows;
     for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
       const bool first = m0 == 0;
       switch (std::min(kAmxRows, M - m0)) {
-#define SY_AMX_CASE(r) case r: tile_rows_amx<Bits, Group, r>(in, tile, blocks, m0, first, u, o, N, rows_here); break;
+#define SY_AMX_CASE(r) case r: tile_rows_amx<Bits, Group, Scheme, r>(in, tile, blocks, m0, first, u, o, N, rows_here); break;
         SY_AMX_CASE(1) SY_AMX_CASE(2) SY_AMX_CASE(3) SY_AMX_CASE(4) SY_AMX_CASE(5) SY_AMX_CASE(6) SY_AMX_CASE(7)
         SY_AMX_CASE(8) SY_AMX_CASE(9) SY_AMX_CASE(10) SY_AMX_CASE(11) SY_AMX_CASE(12) SY_AMX_CASE(13) SY_AMX_CASE(14)
         SY_AMX_CASE(15)
-        default: tile_rows_amx<Bits, Group, 16>(in, tile, blocks, m0, first, u, o, N, rows_here); break;
+        default: tile_rows_amx<Bits, Group, Scheme, 16>(in, tile, blocks, m0, first, u, o, N, rows_here); break;
 #undef SY_AMX_CASE
       }
     }
@@ -420,24 +508,24 @@ void tiles_amx(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t 
 #endif
 
 // Tiles [t_begin, t_end) of one segment of `rows` output rows; out points at its first column.
-template <int64_t Bits, int64_t Group, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
 #if defined(SY_BLOCK_AMX)
-  if (in.amx) return tiles_amx<Bits, Group>(in, packed, out, M, N, K, rows, t_begin, t_end);
+  if (in.amx) return tiles_amx<Bits, Group, Scheme>(in, packed, out, M, N, K, rows, t_begin, t_end);
 #endif
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   for (int64_t t = t_begin; t < t_end; ++t) {
-    const uint8_t* tile = packed + t * blocks * record;
+    const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     T* o = out + t * kTileRows;
     for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
       const bool prefetch = m0 == 0;  // later groups find the tile in cache
       switch (std::min(kRowsPerTile, M - m0)) {
-        case 1: tile_rows<Bits, Group, 1>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        case 2: tile_rows<Bits, Group, 2>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        case 3: tile_rows<Bits, Group, 3>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        default: tile_rows<Bits, Group, 4>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 1: tile_rows<Bits, Group, Scheme, 1>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 2: tile_rows<Bits, Group, Scheme, 2>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 3: tile_rows<Bits, Group, Scheme, 3>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        default: tile_rows<Bits, Group, Scheme, 4>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
       }
     }
   }
@@ -508,20 +596,40 @@ inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
   }
 }
 
-// Half h of one record: its rows' d and c per scale group (c corrected by +128d for q8, see
-// above), its weights unpacked into w.
-template <int64_t Bits, int64_t Group>
-inline void load_half(const uint8_t* rec, int64_t h, __m256 d[], __m256 c[], __m256i w[8]) {
-  for (int g = 0; g < groups_of(Group); ++g) {
-    d[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 16 * h)));
-    c[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 32 + 16 * h)));
-    if constexpr (Bits == 8) c[g] = _mm256_fmadd_ps(d[g], _mm256_set1_ps(128.0f), c[g]);
+inline __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// scales1 for the 8 rows of half h, c corrected by +128d for q8 (see above; exact: c = -128d
+// makes it 0): the AVX2 loops' one reading of every scheme.
+template <int64_t Bits, int64_t Group, int64_t Scheme>
+inline void scales8(const uint8_t* sup, const uint8_t* rec, int64_t h, int g, __m256& d, __m256& c) {
+  const auto bytes = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
+  if constexpr (Scheme == kSchemeDC) {
+    d = halves8(rec + 64 * g + 16 * h), c = halves8(rec + 64 * g + 32 + 16 * h);
+  } else if constexpr (Scheme == kSchemeK) {
+    d = _mm256_mul_ps(halves8(sup + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(rec + 8 * h))));
+    c = _mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_mul_ps(halves8(sup + 32 + 16 * h),
+                                                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(rec + 16 + 8 * h)))));
+  } else {
+    d = Scheme == kSchemeD
+            ? halves8(rec + 32 * g + 16 * h)
+            : _mm256_mul_ps(halves8(sup + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(rec + 16 * g + 8 * h))));
+    c = _mm256_mul_ps(d, _mm256_set1_ps(-static_cast<float>(1 << (Bits - 1))));
   }
-  unpack_half<Bits>(rec + header_bytes(Group), h, w);
+  if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
+}
+
+// Half h of block b of a tile: its rows' d and c per scale group (scales8), its weights
+// unpacked into w.
+template <int64_t Bits, int64_t Group, int64_t Scheme>
+inline void load_half(const uint8_t* tile, int64_t b, int64_t h, __m256 d[], __m256 c[], __m256i w[8]) {
+  const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+  for (int g = 0; g < groups_of(Group); ++g)
+    scales8<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), rec, h, g, d[g], c[g]);
+  unpack_half<Bits>(rec + header_bytes(Group, Scheme), h, w);
 }
 
 // acc += the block's products for one input row at block index `at` (its e, s, half sums).
-template <int64_t Bits, int64_t Group>
+template <int64_t Bits, int64_t Group, int64_t Scheme>
 inline void add_block(const QuantizedInput& in, int64_t at, const __m256 d[], const __m256 c[], const __m256i w[8],
                       __m256& acc, __m256& acc_c) {
   constexpr int64_t G = groups_of(Group);
@@ -537,22 +645,18 @@ inline void add_block(const QuantizedInput& in, int64_t at, const __m256 d[], co
 
 // Half h of one tile times R input rows from m0: the R accumulators (and the c terms, kept apart
 // so that each block adds to two independent chains) stay in registers, R a constant.
-template <int64_t Bits, int64_t Group, int R, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, int R, typename T>
 inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
                       T* out, int64_t N, int64_t count) {
-  constexpr int64_t record = record_bytes(Bits, Group);
   constexpr int64_t G = groups_of(Group);
   __m256 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_ps(), acc_c[m] = _mm256_setzero_ps();
   // The d e dot terms first, with only the weights and R accumulators live (16 ymm registers)...
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = tile + b * record;
-    if (prefetch) prefetch_record<Bits, Group>(rec);
-    __m256 d[G];
+    if (prefetch) prefetch_record<Bits, Group, Scheme>(tile, b);
+    __m256 d[G], unused[G];
     __m256i w[8];
-    for (int g = 0; g < G; ++g)
-      d[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 16 * h)));
-    unpack_half<Bits>(rec + header_bytes(Group), h, w);
+    load_half<Bits, Group, Scheme>(tile, b, h, d, unused, w);
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       __m256i dots[G];
@@ -563,12 +667,10 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
   }
   // ... then the c s terms, in the same order per row (the headers are in cache now).
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = tile + b * record;
+    const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
     for (int g = 0; g < G; ++g) {
-      __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 32 + 16 * h)));
-      if constexpr (Bits == 8)
-        c = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 * g + 16 * h))),
-                            _mm256_set1_ps(128.0f), c);
+      __m256 d, c;
+      scales8<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), rec, h, g, d, c);
       for (int m = 0; m < R; ++m) {
         const int64_t at = (m0 + m) * blocks + b;
         acc_c[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g]), acc_c[m]);
@@ -583,18 +685,16 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
 }
 
 // A whole tile (both halves in one pass over its records, each read once) times one input row.
-template <int64_t Bits, int64_t Group, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 inline void tile_one_row(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, T* out, int64_t rows_here) {
-  constexpr int64_t record = record_bytes(Bits, Group);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc_c[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = tile + b * record;
-    prefetch_record<Bits, Group>(rec);
+    prefetch_record<Bits, Group, Scheme>(tile, b);
     for (int h = 0; h < 2; ++h) {
       __m256 d[groups_of(Group)], c[groups_of(Group)];
       __m256i w[8];
-      load_half<Bits, Group>(rec, h, d, c, w);
-      add_block<Bits, Group>(in, b, d, c, w, acc[h], acc_c[h]);
+      load_half<Bits, Group, Scheme>(tile, b, h, d, c, w);
+      add_block<Bits, Group, Scheme>(in, b, d, c, w, acc[h], acc_c[h]);
     }
   }
   alignas(32) float values[16];
@@ -603,15 +703,15 @@ inline void tile_one_row(const QuantizedInput& in, const uint8_t* tile, int64_t 
   store_row(out, values, rows_here);
 }
 
-template <int64_t Bits, int64_t Group, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   for (int64_t t = t_begin; t < t_end; ++t) {
-    const uint8_t* tile = packed + t * blocks * record;
+    const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     if (M == 1) {
-      tile_one_row<Bits, Group>(in, tile, blocks, out + t * kTileRows, rows_here);
+      tile_one_row<Bits, Group, Scheme>(in, tile, blocks, out + t * kTileRows, rows_here);
       continue;
     }
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
@@ -620,10 +720,10 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
       for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
         const bool prefetch = h == 0 && m0 == 0;
         switch (std::min(kRowsPerTile, M - m0)) {
-          case 1: tile_half<Bits, Group, 1>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          case 2: tile_half<Bits, Group, 2>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          case 3: tile_half<Bits, Group, 3>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          default: tile_half<Bits, Group, 4>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 1: tile_half<Bits, Group, Scheme, 1>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 2: tile_half<Bits, Group, Scheme, 2>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 3: tile_half<Bits, Group, Scheme, 3>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          default: tile_half<Bits, Group, Scheme, 4>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
         }
       }
     }
@@ -636,33 +736,34 @@ inline void record_u(const uint8_t* payload, uint8_t u[kTileRows][kBlock]);
 // The portable loop: each record's u unpacked once per tile (record_u), then plain integer dots
 // the compiler vectorises, scaled and summed per row in the vector loops' order (acc: the d e dot
 // terms, acc_c: the c s terms, added at the end).
-template <int64_t Bits, int64_t Group, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   constexpr int64_t G = groups_of(Group);
   std::vector<uint8_t> unpacked(blocks * kTileRows * kBlock);
   auto* u = reinterpret_cast<uint8_t(*)[kTileRows][kBlock]>(unpacked.data());
   for (int64_t t = t_begin; t < t_end; ++t) {
-    const uint8_t* tile = packed + t * blocks * record;
+    const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
-    for (int64_t b = 0; b < blocks; ++b) record_u<Bits>(tile + b * record + header_bytes(Group), u[b]);
+    for (int64_t b = 0; b < blocks; ++b)
+      record_u<Bits>(tile + record_offset(Bits, Group, Scheme, b) + header_bytes(Group, Scheme), u[b]);
     for (int64_t m = 0; m < M; ++m) {
       float acc[kTileRows] = {}, acc_c[kTileRows] = {};
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* rec = tile + b * record;
+        const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+        const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
         const int64_t at = m * blocks + b;
         const int8_t* a = in.q.data() + at * kBlock;
         for (int64_t g = 0; g < G; ++g) {
           const float e = in.scale[at], s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
           for (int64_t r = 0; r < kTileRows; ++r) {
-            uint16_t d_bits, c_bits;
-            std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
-            std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
+            float d, c;
+            scales1<Bits, Group, Scheme>(sup, rec, r, g, d, c);
             int32_t dot = 0;
             for (int64_t k = g * Group; k < (g + 1) * Group; ++k) dot += static_cast<int32_t>(u[b][r][k]) * a[k];
-            acc[r] = std::fma(static_cast<float>(dot), half_to_float(d_bits) * e, acc[r]);
-            acc_c[r] = std::fma(half_to_float(c_bits), s, acc_c[r]);
+            acc[r] = std::fma(static_cast<float>(dot), d * e, acc[r]);
+            acc_c[r] = std::fma(c, s, acc_c[r]);
           }
         }
       }
@@ -674,27 +775,30 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 }
 #endif
 
-// One segment of a packed weight: `rows` output rows from `row0`, layout (bits, group), its
-// tiles from byte `offset`.
+// One segment of a packed weight: `rows` output rows from `row0`, layout (bits, group, scale
+// scheme), its tiles from byte `offset`.
 struct Segment {
-  int64_t row0, rows, bits, group, offset, tiles;
+  int64_t row0, rows, bits, group, scheme, offset, tiles;
 };
 
-// The segments table from Python: int64 [S, 4] rows (rows, bits, group, byte offset); checks
-// that every layout is one the kernel has and that the table covers out_features rows and the
-// packed bytes.
+// The segments table from Python: int64 [S, 5] rows (rows, bits, group, scheme, byte offset);
+// checks that every layout is one the kernel has and that the table covers out_features rows and
+// the packed bytes.
 inline std::vector<Segment> read_segments(const at::Tensor& table, int64_t K, int64_t out_features, int64_t packed_bytes) {
-  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(1) == 4 && table.is_contiguous(),
-              "block_mm: segments must be contiguous int64 [S, 4] (rows, bits, group, offset)");
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(1) == 5 && table.is_contiguous(),
+              "block_mm: segments must be contiguous int64 [S, 5] (rows, bits, group, scheme, offset)");
   std::vector<Segment> segments;
   const int64_t* t = table.data_ptr<int64_t>();
   int64_t row0 = 0, end = 0;
   for (int64_t i = 0; i < table.size(0); ++i) {
-    Segment s{row0, t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3], (t[4 * i] + kTileRows - 1) / kTileRows};
-    const bool known = (s.group == 32 && (s.bits == 4 || s.bits == 5 || s.bits == 8)) || (s.group == 16 && s.bits == 6);
-    TORCH_CHECK(known, "block_mm: no kernel for ", s.bits, "-bit weights in groups of ", s.group);
+    const int64_t* f = t + 5 * i;
+    Segment s{row0, f[0], f[1], f[2], f[3], f[4], (f[0] + kTileRows - 1) / kTileRows};
+    TORCH_CHECK(known_layout(s.bits, s.group, s.scheme), "block_mm: no kernel for ", s.bits, "-bit weights in groups of ",
+                s.group, " (scale scheme ", s.scheme, ")");
+    TORCH_CHECK(super_bytes(s.scheme) == 0 || K % (kSuperBlocks * kBlock) == 0,
+                "block_mm: k-quant weights need a multiple of 256 inputs");
     TORCH_CHECK(s.rows > 0 && s.offset >= end, "block_mm: segment ", i, " overlaps the one before it");
-    end = s.offset + s.tiles * (K / kBlock) * record_bytes(s.bits, s.group);
+    end = s.offset + s.tiles * tile_bytes(s.bits, s.group, s.scheme, K / kBlock);
     row0 += s.rows;
     segments.push_back(s);
   }
@@ -703,13 +807,18 @@ inline std::vector<Segment> read_segments(const at::Tensor& table, int64_t K, in
   return segments;
 }
 
-// The kernel of one layout, called on a contiguous range of one segment's tiles.
+// The kernel of one layout (read_segments checked it is known), called as fn(bits, group,
+// scheme) with compile-time constants on a contiguous range of one segment's tiles.
 template <typename Fn>
 inline void dispatch_layout(const Segment& s, Fn&& fn) {
-  if (s.group == 16) fn(std::integral_constant<int64_t, 6>(), std::integral_constant<int64_t, 16>());
-  else if (s.bits == 4) fn(std::integral_constant<int64_t, 4>(), std::integral_constant<int64_t, 32>());
-  else if (s.bits == 5) fn(std::integral_constant<int64_t, 5>(), std::integral_constant<int64_t, 32>());
-  else fn(std::integral_constant<int64_t, 8>(), std::integral_constant<int64_t, 32>());
+#define SY_LAYOUT(b, g, sc)                                                                                 \
+  if (s.bits == b && s.group == g && s.scheme == sc)                                                       \
+    return fn(std::integral_constant<int64_t, b>(), std::integral_constant<int64_t, g>(),                  \
+              std::integral_constant<int64_t, sc>());
+  SY_LAYOUT(4, 32, kSchemeDC) SY_LAYOUT(5, 32, kSchemeDC) SY_LAYOUT(4, 32, kSchemeD) SY_LAYOUT(5, 32, kSchemeD)
+  SY_LAYOUT(8, 32, kSchemeD) SY_LAYOUT(4, 32, kSchemeK) SY_LAYOUT(5, 32, kSchemeK) SY_LAYOUT(6, 16, kSchemeK6)
+#undef SY_LAYOUT
+  TORCH_CHECK(false, "block_mm: no kernel for this layout");
 }
 
 // Runs fn(segment, first tile, end tile) over every segment's tiles, split over threads by tile.
@@ -743,9 +852,9 @@ void run(const at::Tensor& x, const uint8_t* packed, const std::vector<Segment>&
   const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K, padded_rows(rows), passes);
   const auto multiply = [&](auto* op) {
     for_tiles(segments, [&](const Segment& s, int64_t begin, int64_t end) {
-      dispatch_layout(s, [&](auto bits, auto group) {
-        tiles<decltype(bits)::value, decltype(group)::value>(in, packed + s.offset, op + s.row0, rows, N, K, s.rows,
-                                                             begin, end);
+      dispatch_layout(s, [&](auto bits, auto group, auto scheme) {
+        tiles<decltype(bits)::value, decltype(group)::value, decltype(scheme)::value>(in, packed + s.offset, op + s.row0,
+                                                                                      rows, N, K, s.rows, begin, end);
       });
     });
   };
@@ -800,22 +909,22 @@ inline void record_u(const uint8_t* payload, uint8_t u[kTileRows][kBlock]) {
 }
 
 // Tiles [begin, end) of one segment as floats: out rows of K values (w = d u + c).
-template <int64_t Bits, int64_t Group, typename T>
+template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, int64_t begin, int64_t end) {
-  const int64_t blocks = K / kBlock, record = record_bytes(Bits, Group);
+  const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* rec = packed + (t * blocks + b) * record;
+      const uint8_t* tile = packed + t * tile_size;
+      const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+      const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
       alignas(64) uint8_t u[kTileRows][kBlock];
-      record_u<Bits>(rec + header_bytes(Group), u);
+      record_u<Bits>(rec + header_bytes(Group, Scheme), u);
       for (int64_t r = 0; r < rows_here; ++r) {
         T* o = out + (t * kTileRows + r) * K + b * kBlock;
         for (int64_t g = 0; g < groups_of(Group); ++g) {
-          uint16_t d_bits, c_bits;
-          std::memcpy(&d_bits, rec + 64 * g + 2 * r, 2);
-          std::memcpy(&c_bits, rec + 64 * g + 32 + 2 * r, 2);
-          const float d = half_to_float(d_bits), c = half_to_float(c_bits);
+          float d, c;
+          scales1<Bits, Group, Scheme>(sup, rec, r, g, d, c);
 #if defined(SY_BLOCK_VNNI)
           if constexpr (Group == 16 || Group == 32) {
             bool done = false;
@@ -857,43 +966,55 @@ at::Tensor block_dequantize(const at::Tensor& packed, const at::Tensor& segments
   at::Tensor out = at::empty({out_features, K}, packed.options().dtype(dtype));
   const uint8_t* p = packed.data_ptr<uint8_t>();
   for_tiles(parts, [&](const Segment& s, int64_t begin, int64_t end) {
-    dispatch_layout(s, [&](auto bits, auto group) {
-      constexpr int64_t B = decltype(bits)::value, G = decltype(group)::value;
-      if (dtype == at::kFloat) dequantize_tiles<B, G>(p + s.offset, out.data_ptr<float>() + s.row0 * K, K, s.rows, begin, end);
-      else dequantize_tiles<B, G>(p + s.offset, out.data_ptr<c10::BFloat16>() + s.row0 * K, K, s.rows, begin, end);
+    dispatch_layout(s, [&](auto bits, auto group, auto scheme) {
+      constexpr int64_t B = decltype(bits)::value, G = decltype(group)::value, S = decltype(scheme)::value;
+      if (dtype == at::kFloat)
+        dequantize_tiles<B, G, S>(p + s.offset, out.data_ptr<float>() + s.row0 * K, K, s.rows, begin, end);
+      else
+        dequantize_tiles<B, G, S>(p + s.offset, out.data_ptr<c10::BFloat16>() + s.row0 * K, K, s.rows, begin, end);
     });
   });
   return out;
 }
 
-// The tiles of one part (block_pack.py's pack_affine, the layout's description, in C++ for
-// speed): d, c float32 [out, in / group], u uint8 [out, in] with w = d u + c.
-at::Tensor block_pack(const at::Tensor& d, const at::Tensor& c, const at::Tensor& u, int64_t bits, int64_t group) {
-  TORCH_CHECK((group == 32 && (bits == 4 || bits == 5 || bits == 8)) || (group == 16 && bits == 6),
-              "block_pack: no tile layout for ", bits, "-bit weights in groups of ", group);
+// The tiles of one part (block_pack.py's pack_fields, the layout's description, in C++ for
+// speed): head [out, in / 32, F] (fp16, uint8 or int8) the fields of each row's record header,
+// field f of row r at byte (16 f + r) * its size; super [out, in / 256, F'] likewise those of
+// each super-block's scales (k-quants; else empty); u uint8 [out, in].
+at::Tensor block_pack(const at::Tensor& head, const at::Tensor& super, const at::Tensor& u, int64_t bits, int64_t group,
+                      int64_t scheme) {
+  TORCH_CHECK(known_layout(bits, group, scheme), "block_pack: no tile layout for ", bits, "-bit weights in groups of ",
+              group, " (scale scheme ", scheme, ")");
   TORCH_CHECK(u.scalar_type() == at::kByte && u.dim() == 2 && u.size(1) % kBlock == 0, "block_pack: u must be uint8 [out, in]");
-  const int64_t out = u.size(0), K = u.size(1), G = groups_of(group), blocks = K / kBlock;
-  TORCH_CHECK(d.scalar_type() == at::kFloat && c.scalar_type() == at::kFloat && d.dim() == 2 && c.sizes() == d.sizes() &&
-              d.size(0) == out && d.size(1) == K / group, "block_pack: d and c must be float32 [out, in / group]");
-  const at::Tensor dc = d.contiguous(), cc = c.contiguous(), uc = u.contiguous();
-  const float* dp = dc.data_ptr<float>();
-  const float* cp = cc.data_ptr<float>();
+  const int64_t out = u.size(0), K = u.size(1), blocks = K / kBlock, supers = super_bytes(scheme) ? blocks / kSuperBlocks : 0;
+  TORCH_CHECK(super_bytes(scheme) == 0 || blocks % kSuperBlocks == 0, "block_pack: k-quants need a multiple of 256 inputs");
+  const int64_t hw = head.element_size(), sw = super.element_size();
+  TORCH_CHECK(head.dim() == 3 && head.size(0) == out && head.size(1) == blocks && head.size(2) * hw * kTileRows == header_bytes(group, scheme),
+              "block_pack: head must be [out, in / 32, fields] of the scheme's header");
+  TORCH_CHECK(supers == 0 ? super.numel() == 0
+                          : super.dim() == 3 && super.size(0) == out && super.size(1) == supers &&
+                                super.size(2) * sw * kTileRows == super_bytes(scheme),
+              "block_pack: super must be [out, in / 256, fields] of the scheme's super-block scales");
+  const at::Tensor hc = head.contiguous(), sc = super.contiguous(), uc = u.contiguous();
+  const auto* hp = static_cast<const uint8_t*>(hc.data_ptr());
+  const auto* sp = static_cast<const uint8_t*>(sc.data_ptr());
   const uint8_t* up = uc.data_ptr<uint8_t>();
-  const int64_t tiles = (out + kTileRows - 1) / kTileRows, record = record_bytes(bits, group);
-  at::Tensor packed = at::zeros({tiles * blocks * record}, u.options());
+  const int64_t hf = head.size(2), sf = supers ? super.size(2) : 0;
+  const int64_t tiles = (out + kTileRows - 1) / kTileRows, tile_size = tile_bytes(bits, group, scheme, blocks);
+  at::Tensor packed = at::zeros({tiles * tile_size}, u.options());
   uint8_t* pp = packed.data_ptr<uint8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t b = 0; b < blocks; ++b) {
-        uint8_t* rec = pp + (t * blocks + b) * record;
-        uint8_t* payload = rec + header_bytes(group);
+        uint8_t* rec = pp + t * tile_size + record_offset(bits, group, scheme, b);
+        uint8_t* sup = pp + t * tile_size + super_offset(bits, group, scheme, b);
+        uint8_t* payload = rec + header_bytes(group, scheme);
         for (int64_t r = 0; r < kTileRows && t * kTileRows + r < out; ++r) {
           const int64_t row = t * kTileRows + r;
-          for (int64_t g = 0; g < G; ++g) {
-            const c10::Half dh(dp[row * (K / group) + b * G + g]), ch(cp[row * (K / group) + b * G + g]);
-            std::memcpy(rec + 64 * g + 2 * r, &dh.x, 2);
-            std::memcpy(rec + 64 * g + 32 + 2 * r, &ch.x, 2);
-          }
+          for (int64_t f = 0; f < hf; ++f) std::memcpy(rec + (16 * f + r) * hw, hp + ((row * blocks + b) * hf + f) * hw, hw);
+          if (supers && b % kSuperBlocks == 0)
+            for (int64_t f = 0; f < sf; ++f)
+              std::memcpy(sup + (16 * f + r) * sw, sp + ((row * supers + b / kSuperBlocks) * sf + f) * sw, sw);
           const uint8_t* ur = up + row * K + b * kBlock;
           for (int64_t k = 0; k < kBlock; ++k) {
             const int64_t j = k / 4, i = k % 4, n = 4 * r + i;
