@@ -298,20 +298,45 @@ inline void scales16(const uint8_t* sup, const uint8_t* rec, int g, __m512& d, _
   }
 }
 
+// The float (d, c) of every block and group of a tile, [blocks][G][d[16], c[16]], for a step that
+// passes over the tile more than once (more than kRowsPerTile input rows): formed once a tile,
+// the same numbers scales16 forms in each pass (so a row's output does not depend on the rows
+// beside it), read back as two loads instead of a scheme's conversions and products.
+template <int64_t Bits, int64_t Group, int64_t Scheme>
+inline void fill_tile_scales(const uint8_t* tile, int64_t blocks, float* table) {
+  constexpr int64_t G = groups_of(Group);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+    const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
+    for (int g = 0; g < G; ++g) {
+      __m512 d, c;
+      scales16<Bits, Group, Scheme>(sup, rec, g, d, c);
+      _mm512_storeu_ps(table + (b * G + g) * 32, d);
+      _mm512_storeu_ps(table + (b * G + g) * 32 + 16, c);
+    }
+  }
+}
+
 // One tile times R input rows from m0: the R accumulators (and the c terms, kept apart so that
-// each block adds to two independent chains) stay in registers, R a constant.
+// each block adds to two independent chains) stay in registers, R a constant. `table`: the tile's
+// fill_tile_scales, or nullptr (each block's scales formed here).
 template <int64_t Bits, int64_t Group, int64_t Scheme, int R, typename T>
 inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t m0, bool prefetch,
-                      T* out, int64_t N, int64_t count) {
+                      const float* table, T* out, int64_t N, int64_t count) {
   constexpr int64_t G = groups_of(Group), chunks = 8 / G;
   __m512 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps(), acc_c[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
-    const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
     if (prefetch) prefetch_record<Bits, Group, Scheme>(tile, b);
     __m512 d[G], c[G];
-    for (int g = 0; g < G; ++g) scales16<Bits, Group, Scheme>(sup, rec, g, d[g], c[g]);
+    for (int g = 0; g < G; ++g) {
+      if (table != nullptr) {
+        d[g] = _mm512_loadu_ps(table + (b * G + g) * 32), c[g] = _mm512_loadu_ps(table + (b * G + g) * 32 + 16);
+      } else {
+        scales16<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), rec, g, d[g], c[g]);
+      }
+    }
     __m512i w[8];
     unpack<Bits>(rec + header_bytes(Group, Scheme), w);
     for (int m = 0; m < R; ++m) {
@@ -515,17 +540,21 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   if (in.amx) return tiles_amx<Bits, Group, Scheme>(in, packed, out, M, N, K, rows, t_begin, t_end);
 #endif
   const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
+  // More than one pass over each tile: its scales formed once (fill_tile_scales).
+  std::vector<float> table(M > kRowsPerTile ? blocks * groups_of(Group) * 32 : 0);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     T* o = out + t * kTileRows;
+    const float* scales = nullptr;
+    if (!table.empty()) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.data()), scales = table.data();
     for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
       const bool prefetch = m0 == 0;  // later groups find the tile in cache
       switch (std::min(kRowsPerTile, M - m0)) {
-        case 1: tile_rows<Bits, Group, Scheme, 1>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        case 2: tile_rows<Bits, Group, Scheme, 2>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        case 3: tile_rows<Bits, Group, Scheme, 3>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
-        default: tile_rows<Bits, Group, Scheme, 4>(in, tile, blocks, m0, prefetch, o, N, rows_here); break;
+        case 1: tile_rows<Bits, Group, Scheme, 1>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
+        case 2: tile_rows<Bits, Group, Scheme, 2>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
+        case 3: tile_rows<Bits, Group, Scheme, 3>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
+        default: tile_rows<Bits, Group, Scheme, 4>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
       }
     }
   }
