@@ -672,11 +672,32 @@ inline void add_block(const QuantizedInput& in, int64_t at, const __m256 d[], co
   }
 }
 
+// The float (d, c) of every block and group of a tile, [blocks][G][d[16], c[16]] (each half's 8
+// rows from scales8), for a step that passes over the tile more than once: formed once a tile,
+// the same numbers each pass would form (see the VNNI loop's fill_tile_scales).
+template <int64_t Bits, int64_t Group, int64_t Scheme>
+inline void fill_tile_scales(const uint8_t* tile, int64_t blocks, float* table) {
+  constexpr int64_t G = groups_of(Group);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
+    const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
+    for (int g = 0; g < G; ++g) {
+      for (int64_t h = 0; h < 2; ++h) {
+        __m256 d, c;
+        scales8<Bits, Group, Scheme>(sup, rec, h, g, d, c);
+        _mm256_storeu_ps(table + (b * G + g) * 32 + 8 * h, d);
+        _mm256_storeu_ps(table + (b * G + g) * 32 + 16 + 8 * h, c);
+      }
+    }
+  }
+}
+
 // Half h of one tile times R input rows from m0: the R accumulators (and the c terms, kept apart
-// so that each block adds to two independent chains) stay in registers, R a constant.
+// so that each block adds to two independent chains) stay in registers, R a constant. `table`:
+// the tile's fill_tile_scales, or nullptr (each block's scales formed here).
 template <int64_t Bits, int64_t Group, int64_t Scheme, int R, typename T>
 inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
-                      T* out, int64_t N, int64_t count) {
+                      const float* table, T* out, int64_t N, int64_t count) {
   constexpr int64_t G = groups_of(Group);
   __m256 acc[R], acc_c[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_ps(), acc_c[m] = _mm256_setzero_ps();
@@ -685,7 +706,12 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
     if (prefetch) prefetch_record<Bits, Group, Scheme>(tile, b);
     __m256 d[G], unused[G];
     __m256i w[8];
-    load_half<Bits, Group, Scheme>(tile, b, h, d, unused, w);
+    if (table != nullptr) {
+      for (int g = 0; g < G; ++g) d[g] = _mm256_loadu_ps(table + (b * G + g) * 32 + 8 * h);
+      unpack_half<Bits>(tile + record_offset(Bits, Group, Scheme, b) + header_bytes(Group, Scheme), h, w);
+    } else {
+      load_half<Bits, Group, Scheme>(tile, b, h, d, unused, w);
+    }
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       __m256i dots[G];
@@ -699,7 +725,8 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
     const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
     for (int g = 0; g < G; ++g) {
       __m256 d, c;
-      scales8<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), rec, h, g, d, c);
+      if (table != nullptr) c = _mm256_loadu_ps(table + (b * G + g) * 32 + 16 + 8 * h);
+      else scales8<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), rec, h, g, d, c);
       for (int m = 0; m < R; ++m) {
         const int64_t at = (m0 + m) * blocks + b;
         acc_c[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g]), acc_c[m]);
@@ -736,6 +763,8 @@ template <int64_t Bits, int64_t Group, int64_t Scheme, typename T>
 void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, int64_t N, int64_t K, int64_t rows,
            int64_t t_begin, int64_t t_end) {
   const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
+  // More than one pass over each half of a tile: its scales formed once (fill_tile_scales).
+  std::vector<float> table(M > kRowsPerTile ? blocks * groups_of(Group) * 32 : 0);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
@@ -743,16 +772,18 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
       tile_one_row<Bits, Group, Scheme>(in, tile, blocks, out + t * kTileRows, rows_here);
       continue;
     }
+    const float* scales = nullptr;
+    if (!table.empty()) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.data()), scales = table.data();
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
       T* o = out + t * kTileRows + 8 * h;
       const int64_t count = std::min<int64_t>(8, rows_here - 8 * h);
       for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
         const bool prefetch = h == 0 && m0 == 0;
         switch (std::min(kRowsPerTile, M - m0)) {
-          case 1: tile_half<Bits, Group, Scheme, 1>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          case 2: tile_half<Bits, Group, Scheme, 2>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          case 3: tile_half<Bits, Group, Scheme, 3>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
-          default: tile_half<Bits, Group, Scheme, 4>(in, tile, blocks, h, m0, prefetch, o, N, count); break;
+          case 1: tile_half<Bits, Group, Scheme, 1>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          case 2: tile_half<Bits, Group, Scheme, 2>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          case 3: tile_half<Bits, Group, Scheme, 3>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          default: tile_half<Bits, Group, Scheme, 4>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
         }
       }
     }
