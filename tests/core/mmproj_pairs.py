@@ -58,3 +58,27 @@ def assert_prepares_alike(made, saved) -> None:
             assert made_pixels.grid == saved_pixels.grid
             made_pixels, saved_pixels = made_pixels.patches, saved_pixels.patches
         torch.testing.assert_close(made_pixels, saved_pixels, atol=0, rtol=0)
+
+
+def mmproj_writer(path, values: dict):
+    """A gguf.GGUFWriter for an mmproj file at `path` with the metadata `values` written as
+    llama.cpp's converter types them (a None value left out, as an older converter did); the
+    caller adds the tensors and writes the file."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type("mmproj")
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+        else:
+            writer.add_uint32(key, int(value))
+    return writer

@@ -32,7 +32,8 @@ from switchyard.core.multimodal.family import load_hf_processor
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_vlm import CHAT_TEMPLATE, SPECIALS, hf_greedy_scored, tiny_idefics3
-from mmproj_pairs import CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image, refusal
+from mmproj_pairs import (CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image,
+                          mmproj_writer, refusal)
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
@@ -61,21 +62,7 @@ def write_mmproj(path: str, hf, processor, tensor_type: str = "f32", **metadata)
         "clip.vision.attention.layer_norm_epsilon": vision.layer_norm_eps,
         "clip.vision.projector.scale_factor": hf.config.scale_factor, "clip.use_gelu": True,
         "clip.vision.preproc_image_size": image_processor.size["longest_edge"], **metadata}
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_type("mmproj")
-    for key, value in values.items():
-        if value is None:  # left out, as an older converter did
-            continue
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_uint32(key, int(value))
+    writer = mmproj_writer(path, values)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision.num_hidden_layers)
     for name, tensor in tensors.items():
         stored = names.get_name(name, try_suffixes=(".weight", ".bias"))

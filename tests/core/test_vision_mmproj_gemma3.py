@@ -37,7 +37,8 @@ from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_gemma3_vl import CHAT_TEMPLATE, GGUF_TEXT_OPTIONS, tiny_gemma3_vl
 from switchyard.core.testing.tiny_vlm import hf_greedy_scored
-from mmproj_pairs import CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image, refusal
+from mmproj_pairs import (CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image,
+                          mmproj_writer, refusal)
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
@@ -102,21 +103,7 @@ def write_mmproj(path: str, hf, processor, tensor_type: str = "f32", **metadata)
         "clip.vision.image_std": list(image_processor.image_std), "clip.projector_type": "gemma3",
         "clip.vision.attention.layer_norm_epsilon": vision.layer_norm_eps, "clip.use_gelu": True,
         "clip.vision.projector.scale_factor": side if side != 4 else None, **metadata}
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_type("mmproj")
-    for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_uint32(key, int(value))
+    writer = mmproj_writer(path, values)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision.num_hidden_layers)
     for name, tensor in tensors.items():
         stored = names.get_name(name.replace("_weight", ".weight"), try_suffixes=(".weight", ".bias"))

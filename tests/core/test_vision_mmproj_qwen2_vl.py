@@ -43,7 +43,8 @@ from switchyard.core.multimodal.qwen2_vl import Qwen2VLFamily
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_qwen2_vl import CHAT_TEMPLATE, SPECIALS, tiny_qwen2_vl
-from mmproj_pairs import CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image, refusal
+from mmproj_pairs import (CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image,
+                          mmproj_writer, refusal)
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
@@ -101,21 +102,7 @@ def write_mmproj(path: str, hf, image_processor, tensor_type: str = "f32", **met
         "clip.vision.attention.layer_norm_epsilon": 1e-6,
         **({"clip.use_silu": True, "clip.vision.n_wa_pattern": vision.fullatt_block_indexes[0] + 1,
             "clip.vision.window_size": vision.window_size} if qwen25 else {}), **metadata}
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_type("mmproj")
-    for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_uint32(key, int(value))
+    writer = mmproj_writer(path, values)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision.depth)
     for name, tensor in vision_weights(hf).items():
         for looked_up, part in stored(name, tensor):
