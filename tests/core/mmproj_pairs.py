@@ -82,3 +82,34 @@ def mmproj_writer(path, values: dict):
         else:
             writer.add_uint32(key, int(value))
     return writer
+
+
+def require_converter() -> None:
+    """Skips the calling test or fixture where llama.cpp's converter is not installed."""
+    if not converter_present():
+        pytest.skip(f"llama.cpp's converter is not here ({CONVERTER} run by {CONVERT_PYTHON}); "
+                    "the mapping is covered by the GGUFWriter tests")
+
+
+def convert_all(directory: str, jobs: dict[str, tuple[str, ...]]) -> None:
+    """Each output file (its flags) converted by llama.cpp's converter, the runs side by side."""
+    import subprocess
+
+    runs = {out: subprocess.Popen([CONVERT_PYTHON, CONVERTER, directory, "--outfile", out, *flags],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for out, flags in jobs.items()}
+    for out, run in runs.items():
+        _, stderr = run.communicate(timeout=600)
+        assert run.returncode == 0, stderr[-3000:]
+
+
+def greedy_answers(engine_core, batch) -> dict[str, tuple[list[int], list[float]]]:
+    """Runs the requests `batch` together: {request id: (its tokens, their log-probabilities)}."""
+    for request in batch:
+        engine_core.add_request(request)
+    out = {r.request_id: ([], []) for r in batch}
+    while engine_core.has_unfinished_requests():
+        for step in engine_core.step():
+            out[step.request_id][0].extend(step.new_token_ids)
+            out[step.request_id][1].extend(step.logprobs or ())
+    return out

@@ -32,8 +32,8 @@ from switchyard.core.multimodal.family import load_hf_processor
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_vlm import CHAT_TEMPLATE, SPECIALS, hf_greedy_scored, tiny_idefics3
-from mmproj_pairs import (CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image,
-                          mmproj_writer, refusal)
+from mmproj_pairs import (CONVERTER, CONVERT_PYTHON, assert_prepares_alike, engine, greedy_answers, image,
+                          mmproj_writer, refusal, require_converter)
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
@@ -256,9 +256,7 @@ def convert(directory: str, out: str, *flags: str) -> str:
 def converted(tmp_path_factory):
     """A tiny Idefics3 with SmolVLM's tokenizer, converted by llama.cpp: the text GGUF in F32 and
     Q8_0, the mmproj in F32 and F16."""
-    if not converter_present():
-        pytest.skip(f"llama.cpp's converter is not here ({CONVERTER} run by {CONVERT_PYTHON}); "
-                    "the mapping is covered by the GGUFWriter tests")
+    require_converter()
     root = tmp_path_factory.mktemp("pair")
     checkpoint = str(root / "checkpoint")
     hf, processor = tiny_idefics3(checkpoint, seed=3, tokenizer=smollm2_vlm_tokenizer())
@@ -289,14 +287,7 @@ def prompts(processor) -> dict[str, tuple[str, tuple[ImageData, ...]]]:
 def answers(engine_core, processor) -> dict[str, tuple[list[int], list[float]]]:
     batch = [Request(case, processor.tokenizer.encode(text, add_special_tokens=False), GREEDY, images=images)
              for case, (text, images) in sorted(prompts(processor).items())]
-    for request in batch:
-        engine_core.add_request(request)
-    out = {r.request_id: ([], []) for r in batch}
-    while engine_core.has_unfinished_requests():
-        for step in engine_core.step():
-            out[step.request_id][0].extend(step.new_token_ids)
-            out[step.request_id][1].extend(step.logprobs or ())
-    return out
+    return greedy_answers(engine_core, batch)
 
 
 def hf_answers(hf, processor) -> dict[str, tuple[list[int], list[float]]]:

@@ -43,8 +43,8 @@ from switchyard.core.multimodal.qwen2_vl import Qwen2VLFamily
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_qwen2_vl import CHAT_TEMPLATE, SPECIALS, tiny_qwen2_vl
-from mmproj_pairs import (CONVERT_PYTHON, CONVERTER, assert_prepares_alike, converter_present, engine, image,
-                          mmproj_writer, refusal)
+from mmproj_pairs import (assert_prepares_alike, convert_all, engine, greedy_answers, image, mmproj_writer, refusal,
+                          require_converter)
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
@@ -258,26 +258,12 @@ def converter_tokenizer(directory: str):
     return AutoTokenizer.from_pretrained(directory)
 
 
-def convert(directory: str, jobs: dict[str, tuple[str, ...]]) -> None:
-    """Each output file (its flags) converted by llama.cpp's converter, the runs side by side."""
-    import subprocess
-
-    runs = {out: subprocess.Popen([CONVERT_PYTHON, CONVERTER, directory, "--outfile", out, *flags],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for out, flags in jobs.items()}
-    for out, run in runs.items():
-        _, stderr = run.communicate(timeout=600)
-        assert run.returncode == 0, stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def converter_shared(tmp_path_factory):
     """What both families' pairs share: the tokenizer the converter knows, and one cache directory
     for the engines serving the pairs (the text GGUFs' converted metadata, the CPU kernels built
     once)."""
-    if not converter_present():
-        pytest.skip(f"llama.cpp's converter is not here ({CONVERTER} run by {CONVERT_PYTHON}); "
-                    "the mapping is covered by the GGUFWriter tests")
+    require_converter()
     root = tmp_path_factory.mktemp("shared")
     return converter_tokenizer(str(root / "tokenizer")), str(root / "cache")
 
@@ -293,7 +279,7 @@ def converted(request, tmp_path_factory, converter_shared):
                                      tokenizer=tokenizer, pixels=(MIN_PIXELS, MAX_PIXELS))
     files = {"text": str(root / "text-f32.gguf"), "f32": str(root / "mmproj-f32.gguf"),
              "f16": str(root / "mmproj-f16.gguf")}
-    convert(checkpoint, {files["text"]: ("--outtype", "f32"), files["f32"]: ("--mmproj", "--outtype", "f32"),
+    convert_all(checkpoint, {files["text"]: ("--outtype", "f32"), files["f32"]: ("--mmproj", "--outtype", "f32"),
                          files["f16"]: ("--mmproj", "--outtype", "f16")})
     return root, checkpoint, hf, tokenizer, files, cache
 
@@ -312,13 +298,7 @@ def answers(engine_core, tokenizer) -> dict[str, tuple[list[int], list[float], l
     """{case: (greedy tokens, their log-probabilities, the expanded prompt ids)}."""
     batch = [Request(case, tokenizer.encode(text, add_special_tokens=False), GREEDY, images=images)
              for case, (text, images) in sorted(prompts(tokenizer).items())]
-    for request in batch:
-        engine_core.add_request(request)
-    out = {r.request_id: ([], []) for r in batch}
-    while engine_core.has_unfinished_requests():
-        for step in engine_core.step():
-            out[step.request_id][0].extend(step.new_token_ids)
-            out[step.request_id][1].extend(step.logprobs or ())
+    out = greedy_answers(engine_core, batch)
     return {r.request_id: (*out[r.request_id], list(r.prompt_token_ids)) for r in batch}
 
 
