@@ -582,11 +582,12 @@ def test_every_instruction_set_reads_and_writes_quantized_caches_alike(variant, 
                 torch.testing.assert_close(out, expected, **IN_PLACE_TOLERANCE[dtype])
 
 
-def _prompt_rows_batch(dtype, kv_cache_dtype=None, seed=11):
+def _prompt_rows_batch(dtype, kv_cache_dtype=None, seed=11, group=3):
     """A step as the CPU runner lays a prompt chunk out (every token a decode row, core/execution/
     runner.py by_row): 40 consecutive positions of one request crossing the 256-position range
     split (more than one group of 32), a decode of another request, and 5 rows of a third whose
-    block table differs from the first's only past its own positions."""
+    block table differs from the first's only past its own positions. Two KV heads of `group`
+    query heads each (the kernel takes 2 such rows at once for group 3, 4 for group 1)."""
     gen, block_size, head_dim = torch.Generator().manual_seed(seed), 16, 64
     tables = torch.zeros(47, 40, dtype=torch.int32)
     first = torch.randperm(60, generator=gen)[:40] + 1
@@ -601,7 +602,7 @@ def _prompt_rows_batch(dtype, kv_cache_dtype=None, seed=11):
         cache = cache.to(dtype)
     else:  # the codes and a scale per row, as --kv-cache-dtype stores them
         cache = quantize_rows(cache, KV_CACHE_FORMATS[kv_cache_dtype]).view(KV_CACHE_FORMATS[kv_cache_dtype])
-    query = torch.randn(len(lens), 6, head_dim, generator=gen).to(dtype)
+    query = torch.randn(len(lens), 2 * group, head_dim, generator=gen).to(dtype)
     return query, cache, tables, torch.tensor(lens, dtype=torch.int32)
 
 
@@ -616,11 +617,12 @@ def _each_alone(op, query, cache, tables, lens):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_prompts_rows_attended_together_equal_each_alone(in_place, dtype):
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_prompts_rows_attended_together_equal_each_alone(in_place, dtype, group):
     """A prompt chunk's rows are attended in groups that read each tile of the prefix once
-    (paged_decode_simd.h attend_range_rows): each row's output is the bits it has alone, and
-    matches the reference."""
-    query, cache, tables, lens = _prompt_rows_batch(dtype)
+    (paged_decode_simd.h attend_range_rows), several rows' tiles at a time: each row's output
+    is the bits it has alone, and matches the reference."""
+    query, cache, tables, lens = _prompt_rows_batch(dtype, group=group)
     out = _each_alone(in_place.op, query, cache, tables, lens)
     starts = list(range(len(lens) + 1))
     expected = paged_attention_reference(query, cache, starts, lens.tolist(), tables, 0.125)
@@ -636,3 +638,10 @@ def test_prompt_rows_on_other_instruction_sets_equal_each_alone(variant, tmp_pat
     for dtype, kv in ((torch.float32, None), (torch.bfloat16, None), (torch.float32, "int8")):
         query, cache, tables, lens = _prompt_rows_batch(dtype, kv)
         _each_alone(ops.paged_decode, query, cache, tables, lens)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3fn"])
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_prompts_rows_on_a_quantized_cache_equal_each_alone(in_place, kv_cache_dtype, group):
+    """The same for a quantized cache: a tile's rows copied with their scales."""
+    _each_alone(in_place.op, *_prompt_rows_batch(torch.float32, kv_cache_dtype, group=group))

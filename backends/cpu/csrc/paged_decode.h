@@ -213,6 +213,9 @@ struct Task {
 // Up to this many queries are attended together: a prompt chunk's tokens laid out as decode rows
 // (core/execution/runner.py by_row), so that its prefix is read once per tile for all of them.
 constexpr int64_t kGroupRows = 32;
+#if defined(SY_VEC16)
+static_assert(kGroupRows <= paged_decode_simd::kMaxQueries, "attend_range_rows takes at most kMaxQueries");
+#endif
 
 // The tasks: consecutive queries b, b + 1 go in one task when query b + 1 is one position longer
 // and reads the same blocks (its block-table entries equal b's, where b's positions lie), as a

@@ -26,12 +26,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #if defined(SY_VEC16)
 namespace paged_decode_simd {
 
 using vec16::V;
 constexpr int64_t kTile = 16;  // rows per tile: one score vector
+constexpr int64_t kMaxQueries = 32;  // queries attend_range_rows takes at once
 
 // What a task needs to find its rows: `table` is the request's block-table row; `row` the
 // elements of one (token, KV head) row: head_dim, and a quantized row's scale bytes.
@@ -41,61 +44,90 @@ struct Rows {
   int64_t block_size, num_kv_heads, kv_half, row;
 };
 
-// One tile (n <= 16 rows, `key` their first KV head's key rows) for the G query heads of
-// KV head h (its rows at `offset`): scores, online softmax update of m[G], l[G], and
-// acc[G * D] += p * v.
-template <typename T, int64_t kD, int64_t kG>
-inline void attend_tile(const T* const* key, int64_t n, int64_t offset, int64_t kv_half, const float* q,
-                        int64_t head_dim, int64_t group, float soft_cap, float* m, float* l, float* acc) {
+// One tile (n[i] <= 16 rows for query i, `key` their first KV head's key rows) for the G query
+// heads of KV head h (its rows at `offset`) of Q queries: scores, online softmax update of
+// m[i][G], l[i][G], and acc[i][G * D] += p * v. Each key and value row is loaded once for all Q
+// queries, and each query gets exactly the operations it would get alone (Q = 1: the same chains
+// in the same order), so its m, l and acc do not depend on the queries beside it.
+template <typename T, int64_t kD, int64_t kG, int Q = 1>
+inline void attend_tile(const T* const* key, const int64_t* n, int64_t offset, int64_t kv_half,
+                        const float* const* q, int64_t head_dim, int64_t group, float soft_cap, float* const* m,
+                        float* const* l, float* const* acc) {
+  static_assert(Q == 1 || (kD > 0 && kG > 0), "several queries at once need a compile-time head dim and group");
   const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, C = D / 16;
   constexpr int64_t kAcc = kD > 0 && kG > 0 ? kD / 16 * kG : 16 * 16;  // registers of acc
+  constexpr int64_t kHeads = kG > 0 ? kG : 16;                          // 16 is the largest group
   constexpr bool kScaled = kv_rows::Format<T>::kQuantized;
-  V a[kAcc], partial[16 * kTile];  // partial: [G][kTile]; 16 is the largest group
-  alignas(64) float p[16 * kTile];
+  V a[Q][kAcc], partial[Q][kHeads * kTile];
+  alignas(64) float p[Q][kHeads * kTile];
   alignas(64) float key_scale[kScaled ? kTile : 1], value_scale[kScaled ? kTile : 1];
+  int64_t rows = 0;
+  for (int i = 0; i < Q; ++i) rows = std::max(rows, n[i]);
   if constexpr (kScaled) {
     for (int64_t t = 0; t < kTile; ++t) {
-      key_scale[t] = t < n ? kv_rows::row_scale(key[t] + offset, D) : 0.0f;
-      value_scale[t] = t < n ? kv_rows::row_scale(key[t] + kv_half + offset, D) : 0.0f;
+      key_scale[t] = t < rows ? kv_rows::row_scale(key[t] + offset, D) : 0.0f;
+      value_scale[t] = t < rows ? kv_rows::row_scale(key[t] + kv_half + offset, D) : 0.0f;
     }
   }
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < rows; ++t) {
     V k[kD > 0 ? kD / 16 : 16];
     for (int64_t c = 0; c < C; ++c) k[c] = vec16::load(key[t] + offset + 16 * c);
+    for (int i = 0; i < Q; ++i) {
+      if (t >= n[i]) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        V sum = vec16::mul(vec16::load(q[i] + g * D), k[0]);
+        for (int64_t c = 1; c < C; ++c) sum = vec16::fmadd(vec16::load(q[i] + g * D + 16 * c), k[c], sum);
+        partial[i][g * kTile + t] = sum;
+      }
+    }
+  }
+  for (int i = 0; i < Q; ++i) {
     for (int64_t g = 0; g < G; ++g) {
-      V sum = vec16::mul(vec16::load(q + g * D), k[0]);
-      for (int64_t c = 1; c < C; ++c) sum = vec16::fmadd(vec16::load(q + g * D + 16 * c), k[c], sum);
-      partial[g * kTile + t] = sum;
+      for (int64_t t = n[i]; t < kTile; ++t) partial[i][g * kTile + t] = vec16::zero();
+      V s = vec16::hsum(partial[i] + g * kTile);
+      if constexpr (kScaled) s = vec16::mul(s, vec16::load(key_scale));
+      if (soft_cap > 0.0f) s = vec16::soft_cap(s, soft_cap);
+      s = vec16::first(s, n[i], -INFINITY);
+      const float new_max = std::max(m[i][g], vec16::reduce_max(s));
+      const float alpha = std::exp(m[i][g] - new_max);  // 0 on the first tile (m = -inf)
+      const V e = vec16::first(vec16::exp(vec16::sub(s, vec16::set1(new_max))), n[i], 0.0f);
+      l[i][g] = l[i][g] * alpha + vec16::reduce_add(e);
+      m[i][g] = new_max;
+      if constexpr (kScaled) {
+        vec16::store(p[i] + g * kTile, vec16::mul(e, vec16::load(value_scale)));
+      } else {
+        vec16::store(p[i] + g * kTile, e);
+      }
+      const V scale = vec16::set1(alpha);
+      for (int64_t c = 0; c < C; ++c) a[i][g * C + c] = vec16::mul(vec16::load(acc[i] + g * D + 16 * c), scale);
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = n; t < kTile; ++t) partial[g * kTile + t] = vec16::zero();
-    V s = vec16::hsum(partial + g * kTile);
-    if constexpr (kScaled) s = vec16::mul(s, vec16::load(key_scale));
-    if (soft_cap > 0.0f) s = vec16::soft_cap(s, soft_cap);
-    s = vec16::first(s, n, -INFINITY);
-    const float new_max = std::max(m[g], vec16::reduce_max(s));
-    const float alpha = std::exp(m[g] - new_max);  // 0 on the first tile (m = -inf)
-    const V e = vec16::first(vec16::exp(vec16::sub(s, vec16::set1(new_max))), n, 0.0f);
-    l[g] = l[g] * alpha + vec16::reduce_add(e);
-    m[g] = new_max;
-    if constexpr (kScaled) {
-      vec16::store(p + g * kTile, vec16::mul(e, vec16::load(value_scale)));
-    } else {
-      vec16::store(p + g * kTile, e);
-    }
-    const V scale = vec16::set1(alpha);
-    for (int64_t c = 0; c < C; ++c) a[g * C + c] = vec16::mul(vec16::load(acc + g * D + 16 * c), scale);
-  }
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < rows; ++t) {
     V v[kD > 0 ? kD / 16 : 16];
     for (int64_t c = 0; c < C; ++c) v[c] = vec16::load(key[t] + kv_half + offset + 16 * c);
-    for (int64_t g = 0; g < G; ++g) {
-      const V weight = vec16::set1(p[g * kTile + t]);
-      for (int64_t c = 0; c < C; ++c) a[g * C + c] = vec16::fmadd(weight, v[c], a[g * C + c]);
+    for (int i = 0; i < Q; ++i) {
+      if (t >= n[i]) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const V weight = vec16::set1(p[i][g * kTile + t]);
+        for (int64_t c = 0; c < C; ++c) a[i][g * C + c] = vec16::fmadd(weight, v[c], a[i][g * C + c]);
+      }
     }
   }
-  for (int64_t i = 0; i < G * C; ++i) vec16::store(acc + 16 * i, a[i]);
+  for (int i = 0; i < Q; ++i) {
+    for (int64_t j = 0; j < G * C; ++j) vec16::store(acc[i] + 16 * j, a[i][j]);
+  }
+}
+
+// How many queries attend_tile takes at once in a prompt's rows: as many as keep their
+// accumulators (G * D / 16 vectors each) in 24 of AVX-512's 32 registers, at most 4; one with
+// AVX2 (a vector is two of its 16 registers) or a head dim or group known only at run time.
+template <int64_t kD, int64_t kG>
+constexpr int queries_at_once() {
+#if defined(SY_VEC16_AVX2)
+  return 1;
+#else
+  return kD > 0 && kG > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(4, 24 / (kD / 16 * kG)))) : 1;
+#endif
 }
 
 // Attention (as attend_range) for `count` queries of one request that start their range at the same `lo` (a
@@ -117,6 +149,7 @@ void attend_range_rows(const Rows& rows, int64_t count, const float* const* q, i
                        float* const* acc) {
   const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, H = rows.num_kv_heads, W = rows.row;
   const int64_t row_stride = H * W;
+  constexpr int kQ = queries_at_once<kD, kG>();
   const T* cache = static_cast<const T*>(rows.cache);
   int64_t hi = lo;
   for (int64_t i = 0; i < count; ++i) {
@@ -143,18 +176,43 @@ void attend_range_rows(const Rows& rows, int64_t count, const float* const* q, i
     }
   };
   prefetch(std::min<int64_t>(kTile, hi - lo));
+  // Several queries: each KV head's share of the tile is copied into `local` (keys, then values,
+  // one row after the other) and read from there. In the cache a tile's rows of one head lie
+  // num_kv_heads * row apart, a power of two for most models (8 KB for 32 heads of 64 floats), so
+  // all 16 fall in the same few L1 sets and evict each other before the next query reads them.
+  const bool copy = count > 1;
+  std::vector<T> local(copy ? 2 * kTile * W : 0);
   const T* key[kTile];
+  const T* local_key[kTile];
+  for (int64_t t = 0; t < kTile && copy; ++t) local_key[t] = local.data() + t * W;
   for (int64_t pos = lo; pos < hi; pos += kTile) {
     const int64_t n = std::min<int64_t>(kTile, hi - pos);
     const int64_t ahead = std::max<int64_t>(0, std::min<int64_t>(kTile, hi - pos - kTile));
     for (int64_t t = 0; t < n; ++t) key[t] = next_row(reading_block, reading_offset);
     for (int64_t h = 0; h < H; ++h) {
       prefetch(ahead * (h + 1) / H - ahead * h / H);
+      if (copy) {
+        for (int64_t t = 0; t < n; ++t) {
+          std::memcpy(local.data() + t * W, key[t] + h * W, W * sizeof(T));
+          std::memcpy(local.data() + (kTile + t) * W, key[t] + rows.kv_half + h * W, W * sizeof(T));
+        }
+      }
+      // the queries whose range reaches this tile, their rows of it and their head h's state
+      int64_t active = 0, counts[kMaxQueries];
+      const float* qh[kMaxQueries];
+      float *mh[kMaxQueries], *lh[kMaxQueries], *acch[kMaxQueries];
       for (int64_t i = 0; i < count; ++i) {
         if (his[i] <= pos) continue;
-        attend_tile<T, kD, kG>(key, std::min<int64_t>(kTile, his[i] - pos), h * W, rows.kv_half, q[i] + h * G * D, D,
-                               G, soft_cap, m[i] + h * G, l[i] + h * G, acc[i] + h * G * D);
+        counts[active] = std::min<int64_t>(kTile, his[i] - pos), qh[active] = q[i] + h * G * D;
+        mh[active] = m[i] + h * G, lh[active] = l[i] + h * G, acch[active] = acc[i] + h * G * D, ++active;
       }
+      const T* const* tile = copy ? local_key : key;
+      const int64_t at = copy ? 0 : h * W, half = copy ? kTile * W : rows.kv_half;
+      int64_t i = 0;
+      for (; i + kQ <= active; i += kQ)
+        attend_tile<T, kD, kG, kQ>(tile, counts + i, at, half, qh + i, D, G, soft_cap, mh + i, lh + i, acch + i);
+      for (; i < active; ++i)
+        attend_tile<T, kD, kG>(tile, counts + i, at, half, qh + i, D, G, soft_cap, mh + i, lh + i, acch + i);
     }
   }
 }
