@@ -179,9 +179,10 @@ def test_amx_tiles_compute_what_vnni_computes(block_ops, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["portable", "avx2"])
-def test_other_instruction_sets_compute_the_same(variant, tmp_path):
+def test_other_instruction_sets_compute_the_same(variant, tmp_path, block_ops):
     """The loops a CPU without AVX512-VNNI builds: AVX2's vpmaddubsw halves, or the portable
-    loop (forced with SY_BLOCK_PORTABLE), on every row-tile size and a partial last tile."""
+    loop (forced with SY_BLOCK_PORTABLE), on every row-tile size and a partial last tile: the
+    same bits as this CPU's own build (one arithmetic: an answer does not change with the CPU)."""
     from switchyard.backends.cpu.extension import BLOCK_SOURCE
 
     ops = build_variant(BLOCK_SOURCE, variant, tmp_path)
@@ -195,6 +196,7 @@ def test_other_instruction_sets_compute_the_same(variant, tmp_path):
             expected = rounded_activations(x, passes) @ reference.T
             out = ops.block_mm(x, packed.data, packed.segments, 40, passes)
             torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+            assert torch.equal(out, block_ops.block_mm(x, packed.data, packed.segments, 40, passes)), (variant, fmt)
             # a row's output does not depend on the rows beside it in these loops either
             alone = torch.cat([ops.block_mm(x[i:i + 1], packed.data, packed.segments, 40, passes) for i in range(rows)])
             assert torch.equal(out, alone), (variant, fmt, rows, passes)

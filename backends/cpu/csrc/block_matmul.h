@@ -143,6 +143,7 @@ struct QuantizedInput {
   std::vector<float> scale;
   std::vector<float> scaled_sum;
   std::vector<float> half_sum;
+  std::vector<int32_t> sum;  // sum(qa) per block (the AVX2 loop's 8-bit weights)
   // For AMX (`amx`; transpose_scales): e, s [K/32, M'] and the half sums [K/16, M'], block-major,
   // so that a block's rows are one address apart; M' = padded_rows.
   bool amx = false;
@@ -166,7 +167,48 @@ inline void transpose_scales(QuantizedInput& in, int64_t M, int64_t blocks) {
 
 // One block of 32 values rounded to int8 with e = max|x| / 127; x is left holding what the
 // rounding lost (x - e qa), for a second pass.
-inline void quantize_block(float* x, int8_t* q, float* e_out, float* s_out, float* half_out) {
+// The vector versions give the same bits as the scalar loop compiled with FMA (GCC contracts
+// its x - e q into one fused multiply-add): max and integer sums are exact in any order, and
+// each value takes the same multiply, round to nearest even and fused subtraction.
+inline void quantize_block(float* x, int8_t* q, float* e_out, float* s_out, float* half_out, int32_t* sum_out) {
+#if defined(SY_BLOCK_VNNI)
+  __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+  const float e = amax / 127.0f;
+  const __m512 inverse = _mm512_set1_ps(e > 0.0f ? 1.0f / e : 0.0f), scale = _mm512_set1_ps(e);
+  int32_t sum[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[h], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i qi = _mm512_cvtps_epi32(r);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(qi));
+    sum[h] = _mm512_reduce_add_epi32(qi);
+    _mm512_storeu_ps(x + 16 * h, _mm512_fnmadd_ps(r, scale, v[h]));
+  }
+#elif defined(SY_BLOCK_AVX2)
+  __m256 v[4], a = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i), a = _mm256_max_ps(a, _mm256_and_ps(v[i], abs_mask));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  const float e = amax / 127.0f;
+  const __m256 inverse = _mm256_set1_ps(e > 0.0f ? 1.0f / e : 0.0f), scale = _mm256_set1_ps(e);
+  __m256i qi[4];
+  int32_t sum[2] = {0, 0};
+  for (int i = 0; i < 4; ++i) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    qi[i] = _mm256_cvtps_epi32(r);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), qi[i]);
+    for (int j = 0; j < 8; ++j) sum[i / 2] += lanes[j];
+    _mm256_storeu_ps(x + 8 * i, _mm256_fnmadd_ps(r, scale, v[i]));
+  }
+  // int32 -> int8 (|q| <= 127, so the saturating packs are exact); packs work within 128-bit
+  // lanes, and the permutation puts the 4-byte groups back in order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
   float amax = 0.0f;
   for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float e = amax / 127.0f;
@@ -177,7 +219,9 @@ inline void quantize_block(float* x, int8_t* q, float* e_out, float* s_out, floa
     sum[j / 16] += q[j];
     x[j] -= e * static_cast<float>(q[j]);
   }
+#endif
   *e_out = e;
+  *sum_out = sum[0] + sum[1];
   *s_out = e * static_cast<float>(sum[0] + sum[1]);
   half_out[0] = e * static_cast<float>(sum[0]);
   half_out[1] = e * static_cast<float>(sum[1]);
@@ -195,7 +239,7 @@ QuantizedInput quantize_input(const T* x, int64_t M, int64_t K, int64_t padded_r
   if (!amx) padded_rows = rows;
   const int64_t blocks = rows * per_row;
   QuantizedInput in{std::vector<int8_t>(padded_rows * K), std::vector<float>(blocks), std::vector<float>(blocks),
-                    std::vector<float>(2 * blocks), amx, padded_rows};
+                    std::vector<float>(2 * blocks), std::vector<int32_t>(blocks), amx, padded_rows};
   at::parallel_for(0, M * per_row, 512, [&](int64_t begin, int64_t end) {
     float v[kBlock];
     for (int64_t i = begin; i < end; ++i) {  // block i of the flattened [M, K] (K is a multiple of 32)
@@ -203,7 +247,8 @@ QuantizedInput quantize_input(const T* x, int64_t M, int64_t K, int64_t padded_r
       const int64_t m = i / per_row, b = i % per_row;
       for (int64_t p = 0; p < passes; ++p) {
         const int64_t at = (passes * m + p) * per_row + b;
-        quantize_block(v, in.q.data() + at * kBlock, &in.scale[at], &in.scaled_sum[at], &in.half_sum[2 * at]);
+        quantize_block(v, in.q.data() + at * kBlock, &in.scale[at], &in.scaled_sum[at], &in.half_sum[2 * at],
+                       &in.sum[at]);
       }
     }
   });
@@ -569,7 +614,8 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 //   int16 sum of 8 (4 bits), 4 (5 bits) or 2 (6 bits) chunks stays below 2^15.
 // - 8 bits: u up to 255 would saturate int16, so u is turned back into q = u - 128 (u ^ 0x80 as
 //   s8) and multiplied as |q| times qa with q's sign (llama.cpp's AVX2 q8_0 dot), each chunk
-//   widened to int32 at once. That sums q qa = u qa - 128 qa, so the block's c becomes c + 128 d.
+//   widened to int32 at once. That sums q qa = u qa - 128 qa; adding 128 sum(qa) gives back the
+//   exact u qa that vpdpbusd sums, so every loop scales the same integers (the same bits).
 
 // 32 bits -> 32 bytes, `value` where the bit is set (ggml's bytes_from_bits_32).
 inline __m256i bits_to_bytes(uint32_t x, char value) {
@@ -603,10 +649,10 @@ inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
   }
 }
 
-// The int32 dots of 8 rows' block (w) with one row's quantized block (a, 8 groups of 4 bytes),
-// one per scale group (chunks 8g/G .. 8(g+1)/G - 1).
+// The int32 dots of 8 rows' block (w) with one row's quantized block (a, 8 groups of 4 bytes,
+// summing to a_sum), one per scale group (chunks 8g/G .. 8(g+1)/G - 1).
 template <int64_t Bits, int64_t G>
-inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
+inline void block_dot(const __m256i w[8], const int32_t* a, int32_t a_sum, __m256i dots[G]) {
   const __m256i ones = _mm256_set1_epi16(1);
   constexpr int chunks = 8 / G;
   for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
@@ -615,6 +661,7 @@ inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
       const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[j]), _mm256_sign_epi8(_mm256_set1_epi32(a[j]), w[j]));
       dots[j / chunks] = _mm256_add_epi32(dots[j / chunks], _mm256_madd_epi16(pairs, ones));
     }
+    dots[0] = _mm256_add_epi32(dots[0], _mm256_set1_epi32(128 * a_sum));  // G == 1: u qa = q qa + 128 qa
   } else {
     constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
     for (int j0 = 0; j0 < 8; j0 += in_int16) {
@@ -627,8 +674,7 @@ inline void block_dot(const __m256i w[8], const int32_t* a, __m256i dots[G]) {
 
 inline __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
-// scales1 for the 8 rows of half h, c corrected by +128d for q8 (see above; exact: c = -128d
-// makes it 0): the AVX2 loops' one reading of every scheme.
+// scales1 for the 8 rows of half h: the AVX2 loops' one reading of every scheme.
 template <int64_t Bits, int64_t Group, int64_t Scheme>
 inline void scales8(const uint8_t* sup, const uint8_t* rec, int64_t h, int g, __m256& d, __m256& c) {
   const auto bytes = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
@@ -644,7 +690,6 @@ inline void scales8(const uint8_t* sup, const uint8_t* rec, int64_t h, int g, __
             : _mm256_mul_ps(halves8(sup + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(rec + 16 * g + 8 * h))));
     c = _mm256_mul_ps(d, _mm256_set1_ps(-static_cast<float>(1 << (Bits - 1))));
   }
-  if constexpr (Bits == 8) c = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), c);
 }
 
 // Half h of block b of a tile: its rows' d and c per scale group (scales8), its weights
@@ -663,7 +708,7 @@ inline void add_block(const QuantizedInput& in, int64_t at, const __m256 d[], co
                       __m256& acc, __m256& acc_c) {
   constexpr int64_t G = groups_of(Group);
   __m256i dots[G];
-  block_dot<Bits, G>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock), dots);
+  block_dot<Bits, G>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock), in.sum[at], dots);
   const __m256 e = _mm256_set1_ps(in.scale[at]);
   for (int g = 0; g < G; ++g) {
     const float s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
@@ -715,7 +760,7 @@ inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blo
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       __m256i dots[G];
-      block_dot<Bits, G>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock), dots);
+      block_dot<Bits, G>(w, reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock), in.sum[at], dots);
       const __m256 e = _mm256_set1_ps(in.scale[at]);
       for (int g = 0; g < G; ++g) acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d[g], e), acc[m]);
     }
