@@ -191,7 +191,7 @@ def test_other_instruction_sets_compute_the_same(variant, tmp_path, block_ops):
         weight = weight_of(fmt, 40, 256, seed=5)
         packed = pack_blocks(weight)
         reference = unpack_reference(packed)
-        for rows, passes in ((1, 1), (4, 1), (5, 1), (1, 2), (5, 2)):
+        for rows, passes in ((1, 1), (4, 1), (5, 1), (9, 1), (17, 1), (1, 2), (5, 2)):
             x = torch.randn(rows, 256)
             expected = rounded_activations(x, passes) @ reference.T
             out = ops.block_mm(x, packed.data, packed.segments, 40, passes)

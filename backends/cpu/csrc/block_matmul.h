@@ -30,7 +30,7 @@
 //   out[m, n] = sum_groups  d e * sum_k(u qa)  +  c s
 // where sum_k(u qa) is vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
 // activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
-// group of kRowsPerTile input rows (with AMX, steps of 16 rows or more take tile ops instead:
+// group of rows_per_pass input rows (with AMX, steps of 16 rows or more take tile ops instead:
 // see "AMX"). Work is split over tiles with at::parallel_for (built with -fopenmp). With AVX2
 // (no AVX512-VNNI) each tile is two halves of 8 rows, each multiplied with vpmaddubsw (see the
 // AVX2 section); without either a portable loop does the same arithmetic.
@@ -70,7 +70,18 @@ namespace blocks {
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kTileRows = 16;
-constexpr int64_t kRowsPerTile = 4;  // input rows whose accumulators stay in registers
+// Input rows whose accumulators stay in registers through one pass over a tile (a tile half with
+// AVX2): each unpacking of a record's weights serves that many rows. 8, or 4 for 8-bit weights
+// in the VNNI loop (loaded as they lie, nothing to share). Idle 2-core Zen 4, against 4 rows,
+// 8-256 rows: VNNI q6_k 1.09-1.23x, q4_k and q4_1 1.04-1.17x, q8_0 0.91x with 8 (hence 4); AVX2
+// 1.05-1.38x on every format.
+constexpr int64_t rows_per_pass(int64_t bits) {
+#if defined(SY_BLOCK_VNNI)
+  return bits == 8 ? 4 : 8;
+#else
+  return 8;
+#endif
+}
 
 // Scale schemes: how a record (and, for the k-quants, its super-block) stores the (d, c) of
 // each scale group; block_pack.py's SCHEMES, with the same numbers.
@@ -344,13 +355,14 @@ inline void scales16(const uint8_t* sup, const uint8_t* rec, int g, __m512& d, _
 }
 
 // The float (d, c) of every block and group of a tile, [blocks][G][d[16], c[16]], for a step that
-// passes over the tile more than once (more than kRowsPerTile input rows): formed once a tile,
+// passes over the tile more than once (more than rows_per_pass input rows): formed once a tile,
 // the same numbers scales16 forms in each pass (so a row's output does not depend on the rows
 // beside it), read back as two loads instead of a scheme's conversions and products.
 template <int64_t Bits, int64_t Group, int64_t Scheme>
 inline void fill_tile_scales(const uint8_t* tile, int64_t blocks, float* table) {
   constexpr int64_t G = groups_of(Group);
   for (int64_t b = 0; b < blocks; ++b) {
+    prefetch_record<Bits, Group, Scheme>(tile, b);
     const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
     const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
     for (int g = 0; g < G; ++g) {
@@ -391,7 +403,7 @@ inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blo
       for (int g = 0; g < G; ++g) {
         // With few rows the chunks' vpdpbusd chain is the loop's critical path (5 cycles each):
         // split it into P chains summed after (integer sums are exact, so the dot is unchanged).
-        constexpr int P = R <= 2 ? (chunks >= 4 ? 4 : chunks) : 1;
+        constexpr int P = R <= 2 ? (chunks >= 4 ? 4 : chunks) : chunks >= 2 ? 2 : 1;
         __m512i part[P];
         for (int p = 0; p < P; ++p) part[p] = _mm512_setzero_si512();
         for (int j = g * chunks; j < (g + 1) * chunks; ++j)
@@ -585,26 +597,33 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   if (in.amx) return tiles_amx<Bits, Group, Scheme>(in, packed, out, M, N, K, rows, t_begin, t_end);
 #endif
   const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
+  constexpr int R = rows_per_pass(Bits);
   // More than one pass over each tile: its scales formed once (fill_tile_scales).
-  std::vector<float> table(M > kRowsPerTile ? blocks * groups_of(Group) * 32 : 0);
+  std::vector<float> table(M > R ? blocks * groups_of(Group) * 32 : 0);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     T* o = out + t * kTileRows;
     const float* scales = nullptr;
     if (!table.empty()) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.data()), scales = table.data();
-    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
+    for (int64_t m0 = 0; m0 < M; m0 += R) {
       const bool prefetch = m0 == 0;  // later groups find the tile in cache
-      switch (std::min(kRowsPerTile, M - m0)) {
-        case 1: tile_rows<Bits, Group, Scheme, 1>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
-        case 2: tile_rows<Bits, Group, Scheme, 2>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
-        case 3: tile_rows<Bits, Group, Scheme, 3>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
-        default: tile_rows<Bits, Group, Scheme, 4>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
+      switch (std::min<int64_t>(R, M - m0)) {
+#define SY_VNNI_CASE(r) case r: tile_rows<Bits, Group, Scheme, std::min(r, R)>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
+        SY_VNNI_CASE(1) SY_VNNI_CASE(2) SY_VNNI_CASE(3) SY_VNNI_CASE(4) SY_VNNI_CASE(5) SY_VNNI_CASE(6) SY_VNNI_CASE(7)
+        default: tile_rows<Bits, Group, Scheme, R>(in, tile, blocks, m0, prefetch, scales, o, N, rows_here); break;
+#undef SY_VNNI_CASE
       }
     }
   }
 }
 #elif defined(SY_BLOCK_AVX2)
+// Code generation, measured (idle 2-core Zen 4, against the 4-row loop): the helpers the AVX2
+// loops call per block are always inlined (with eight row counts to instantiate GCC left some out
+// of line: q4_k at 2-4 rows 0.76x; inlined 1.2-1.4x); tile_half is never inlined into tiles()
+// (inlined, its 8-bit instantiations for 3-4 rows ran 0.55-0.85x); block_dot is the compiler's
+// choice.
+#define SY_INLINE inline __attribute__((always_inline))
 // AVX2: a 256-bit register holds 8 rows' lanes, so a tile is two halves (rows 8h..8h+7: bytes
 // 32h..32h+31 of every 64-byte chunk or group, bits 32h..32h+31 of every plane word, fp16
 // fields 8h..8h+7), multiplied one after the other (a tile's records, at most a few KB, stay in
@@ -618,7 +637,7 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 //   exact u qa that vpdpbusd sums, so every loop scales the same integers (the same bits).
 
 // 32 bits -> 32 bytes, `value` where the bit is set (ggml's bytes_from_bits_32).
-inline __m256i bits_to_bytes(uint32_t x, char value) {
+SY_INLINE __m256i bits_to_bytes(uint32_t x, char value) {
   const __m256i spread = _mm256_shuffle_epi8(
       _mm256_set1_epi32(static_cast<int32_t>(x)),
       _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
@@ -627,7 +646,7 @@ inline __m256i bits_to_bytes(uint32_t x, char value) {
 }
 
 template <int64_t Bits>
-inline void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
+SY_INLINE void unpack_half(const uint8_t* payload, int64_t h, __m256i w[8]) {
   const auto at = [&](int64_t offset) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + offset + 32 * h)); };
   if constexpr (Bits == 8) {
     const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -657,11 +676,11 @@ inline void block_dot(const __m256i w[8], const int32_t* a, int32_t a_sum, __m25
   constexpr int chunks = 8 / G;
   for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
   if constexpr (Bits == 8) {
+    dots[0] = _mm256_set1_epi32(128 * a_sum);  // G == 1: u qa = q qa + 128 qa
     for (int j = 0; j < 8; ++j) {
       const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[j]), _mm256_sign_epi8(_mm256_set1_epi32(a[j]), w[j]));
       dots[j / chunks] = _mm256_add_epi32(dots[j / chunks], _mm256_madd_epi16(pairs, ones));
     }
-    dots[0] = _mm256_add_epi32(dots[0], _mm256_set1_epi32(128 * a_sum));  // G == 1: u qa = q qa + 128 qa
   } else {
     constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
     for (int j0 = 0; j0 < 8; j0 += in_int16) {
@@ -672,11 +691,11 @@ inline void block_dot(const __m256i w[8], const int32_t* a, int32_t a_sum, __m25
   }
 }
 
-inline __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+SY_INLINE __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // scales1 for the 8 rows of half h: the AVX2 loops' one reading of every scheme.
 template <int64_t Bits, int64_t Group, int64_t Scheme>
-inline void scales8(const uint8_t* sup, const uint8_t* rec, int64_t h, int g, __m256& d, __m256& c) {
+SY_INLINE void scales8(const uint8_t* sup, const uint8_t* rec, int64_t h, int g, __m256& d, __m256& c) {
   const auto bytes = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
   if constexpr (Scheme == kSchemeDC) {
     d = halves8(rec + 64 * g + 16 * h), c = halves8(rec + 64 * g + 32 + 16 * h);
@@ -695,7 +714,7 @@ inline void scales8(const uint8_t* sup, const uint8_t* rec, int64_t h, int g, __
 // Half h of block b of a tile: its rows' d and c per scale group (scales8), its weights
 // unpacked into w.
 template <int64_t Bits, int64_t Group, int64_t Scheme>
-inline void load_half(const uint8_t* tile, int64_t b, int64_t h, __m256 d[], __m256 c[], __m256i w[8]) {
+SY_INLINE void load_half(const uint8_t* tile, int64_t b, int64_t h, __m256 d[], __m256 c[], __m256i w[8]) {
   const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
   for (int g = 0; g < groups_of(Group); ++g)
     scales8<Bits, Group, Scheme>(tile + super_offset(Bits, Group, Scheme, b), rec, h, g, d[g], c[g]);
@@ -724,6 +743,7 @@ template <int64_t Bits, int64_t Group, int64_t Scheme>
 inline void fill_tile_scales(const uint8_t* tile, int64_t blocks, float* table) {
   constexpr int64_t G = groups_of(Group);
   for (int64_t b = 0; b < blocks; ++b) {
+    prefetch_record<Bits, Group, Scheme>(tile, b);
     const uint8_t* rec = tile + record_offset(Bits, Group, Scheme, b);
     const uint8_t* sup = tile + super_offset(Bits, Group, Scheme, b);
     for (int g = 0; g < G; ++g) {
@@ -741,7 +761,7 @@ inline void fill_tile_scales(const uint8_t* tile, int64_t blocks, float* table) 
 // so that each block adds to two independent chains) stay in registers, R a constant. `table`:
 // the tile's fill_tile_scales, or nullptr (each block's scales formed here).
 template <int64_t Bits, int64_t Group, int64_t Scheme, int R, typename T>
-inline void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
+__attribute__((noinline)) void tile_half(const QuantizedInput& in, const uint8_t* tile, int64_t blocks, int64_t h, int64_t m0, bool prefetch,
                       const float* table, T* out, int64_t N, int64_t count) {
   constexpr int64_t G = groups_of(Group);
   __m256 acc[R], acc_c[R];
@@ -809,7 +829,8 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
            int64_t t_begin, int64_t t_end) {
   const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   // More than one pass over each half of a tile: its scales formed once (fill_tile_scales).
-  std::vector<float> table(M > kRowsPerTile ? blocks * groups_of(Group) * 32 : 0);
+  constexpr int64_t R = rows_per_pass(Bits);
+  std::vector<float> table(M > R ? blocks * groups_of(Group) * 32 : 0);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
@@ -822,13 +843,17 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
       T* o = out + t * kTileRows + 8 * h;
       const int64_t count = std::min<int64_t>(8, rows_here - 8 * h);
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerTile) {
+      for (int64_t m0 = 0; m0 < M; m0 += R) {
         const bool prefetch = h == 0 && m0 == 0;
-        switch (std::min(kRowsPerTile, M - m0)) {
+        switch (std::min(R, M - m0)) {
           case 1: tile_half<Bits, Group, Scheme, 1>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
           case 2: tile_half<Bits, Group, Scheme, 2>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
           case 3: tile_half<Bits, Group, Scheme, 3>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
-          default: tile_half<Bits, Group, Scheme, 4>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          case 4: tile_half<Bits, Group, Scheme, 4>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          case 5: tile_half<Bits, Group, Scheme, 5>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          case 6: tile_half<Bits, Group, Scheme, 6>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          case 7: tile_half<Bits, Group, Scheme, 7>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
+          default: tile_half<Bits, Group, Scheme, R>(in, tile, blocks, h, m0, prefetch, scales, o, N, count); break;
         }
       }
     }
