@@ -178,10 +178,11 @@ def test_amx_tiles_compute_what_vnni_computes(block_ops, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["portable", "avx2"])
+@pytest.mark.parametrize("variant", ["portable", "avx2", "avx512"])
 def test_other_instruction_sets_compute_the_same(variant, tmp_path, block_ops):
-    """The loops a CPU without AVX512-VNNI builds: AVX2's vpmaddubsw halves, or the portable
-    loop (forced with SY_BLOCK_PORTABLE), on every row-tile size and a partial last tile: the
+    """The loops a CPU without AVX512-VNNI builds: AVX-512's vpmaddubsw tiles, AVX2's vpmaddubsw
+    halves, or the portable loop (forced with SY_BLOCK_PORTABLE), on every row-tile size and a
+    partial last tile: the
     same bits as this CPU's own build (one arithmetic: an answer does not change with the CPU)."""
     from switchyard.backends.cpu.extension import BLOCK_SOURCE
 

@@ -31,9 +31,11 @@
 // where sum_k(u qa) is vpdpbusd (u8 x s8 -> 16 int32 lanes, one per output row) with the
 // activations' 4-byte groups broadcast. A tile's weights are unpacked once into registers per
 // group of rows_per_pass input rows (with AMX, steps of 16 rows or more take tile ops instead:
-// see "AMX"). Work is split over tiles with at::parallel_for (built with -fopenmp). With AVX2
-// (no AVX512-VNNI) each tile is two halves of 8 rows, each multiplied with vpmaddubsw (see the
-// AVX2 section); without either a portable loop does the same arithmetic.
+// see "AMX"). Work is split over tiles with at::parallel_for (built with -fopenmp). AVX-512
+// without VNNI runs the same loop with vpmaddubsw and vpmaddwd in place of vpdpbusd (dot_bw);
+// with AVX2 each tile is two halves of 8 rows, each multiplied with vpmaddubsw (see the AVX2
+// section); without either a portable loop does the same arithmetic. Every loop gives the same
+// bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -55,8 +57,13 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__) && \
     !defined(SY_BLOCK_PORTABLE)
 #define SY_BLOCK_VNNI 1
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__) && !defined(SY_BLOCK_PORTABLE)
+#define SY_BLOCK_AVX512 1  // AVX-512 without VNNI (Skylake-SP/X): see dot_bw
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SY_BLOCK_PORTABLE)
 #define SY_BLOCK_AVX2 1
+#endif
+#if defined(SY_BLOCK_VNNI) || defined(SY_BLOCK_AVX512)
+#define SY_BLOCK_ZMM 1  // the loop of 16-row tiles in 512-bit registers
 #endif
 // AMX-INT8 (Sapphire Rapids and later) beside VNNI: see "AMX" below.
 #if defined(SY_BLOCK_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -76,7 +83,7 @@ constexpr int64_t kTileRows = 16;
 // 8-256 rows: VNNI q6_k 1.09-1.23x, q4_k and q4_1 1.04-1.17x, q8_0 0.91x with 8 (hence 4); AVX2
 // 1.05-1.38x on every format.
 constexpr int64_t rows_per_pass(int64_t bits) {
-#if defined(SY_BLOCK_VNNI)
+#if defined(SY_BLOCK_ZMM)
   return bits == 8 ? 4 : 8;
 #else
   return 8;
@@ -182,7 +189,7 @@ inline void transpose_scales(QuantizedInput& in, int64_t M, int64_t blocks) {
 // its x - e q into one fused multiply-add): max and integer sums are exact in any order, and
 // each value takes the same multiply, round to nearest even and fused subtraction.
 inline void quantize_block(float* x, int8_t* q, float* e_out, float* s_out, float* half_out, int32_t* sum_out) {
-#if defined(SY_BLOCK_VNNI)
+#if defined(SY_BLOCK_ZMM)
   __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
   const float e = amax / 127.0f;
@@ -291,7 +298,7 @@ inline int32_t weight_u(const uint8_t* payload, int64_t r, int64_t k) {
   }
 }
 
-#if defined(SY_BLOCK_VNNI) || defined(SY_BLOCK_AVX2)
+#if defined(SY_BLOCK_ZMM) || defined(SY_BLOCK_AVX2)
 // Weights are read once per step, from memory: each record's lines are prefetched this far
 // ahead (a thread's tiles are contiguous). 2-core AVX2 EPYC, the default model's 120 Q4_1
 // linears at one row: 8.6-9.3 ms without, 6.1-7.9 with 2 KB (0.5 and 1 KB in between); its
@@ -311,7 +318,7 @@ inline void prefetch_record(const uint8_t* tile, int64_t b) {
 }
 #endif
 
-#if defined(SY_BLOCK_VNNI)
+#if defined(SY_BLOCK_ZMM)
 // The 8 chunks of one record's payload as u8 lanes (chunk j pairs with activation group j).
 template <int64_t Bits>
 inline void unpack(const uint8_t* payload, __m512i w[8]) {
@@ -374,6 +381,36 @@ inline void fill_tile_scales(const uint8_t* tile, int64_t blocks, float* table) 
   }
 }
 
+#if defined(SY_BLOCK_AVX512)
+// AVX-512 without VNNI: the dot vpdpbusd would give, from vpmaddubsw (u8 x s8 -> int16 pair sums)
+// and vpmaddwd, as the AVX2 loop forms it (see there why no int16 sum saturates), 16 rows a
+// register. 8-bit weights come as q = u - 128 (s8) and |q|: |q| times qa with q's sign, plus
+// 128 sum(qa), is the exact u qa. So the dots, and every output bit, are VNNI's.
+template <int64_t Bits, int chunks>
+inline __m512i dot_bw(const __m512i* w, const __m512i* magnitude, const int32_t* a, int32_t a_sum) {
+  const __m512i ones = _mm512_set1_epi16(1);
+  if constexpr (Bits == 8) {
+    __m512i dot = _mm512_set1_epi32(128 * a_sum);
+    for (int j = 0; j < chunks; ++j) {
+      const __m512i qa = _mm512_set1_epi32(a[j]);
+      const __m512i signed_qa = _mm512_mask_sub_epi8(qa, _mm512_movepi8_mask(w[j]), _mm512_setzero_si512(), qa);
+      dot = _mm512_add_epi32(dot, _mm512_madd_epi16(_mm512_maddubs_epi16(magnitude[j], signed_qa), ones));
+    }
+    return dot;
+  } else {
+    constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
+    __m512i dot = _mm512_setzero_si512();
+    for (int j0 = 0; j0 < chunks; j0 += in_int16) {
+      __m512i sum = _mm512_maddubs_epi16(w[j0], _mm512_set1_epi32(a[j0]));
+      for (int j = j0 + 1; j < j0 + in_int16; ++j)
+        sum = _mm512_add_epi16(sum, _mm512_maddubs_epi16(w[j], _mm512_set1_epi32(a[j])));
+      dot = _mm512_add_epi32(dot, _mm512_madd_epi16(sum, ones));
+    }
+    return dot;
+  }
+}
+#endif
+
 // One tile times R input rows from m0: the R accumulators (and the c terms, kept apart so that
 // each block adds to two independent chains) stay in registers, R a constant. `table`: the tile's
 // fill_tile_scales, or nullptr (each block's scales formed here).
@@ -396,11 +433,21 @@ inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blo
     }
     __m512i w[8];
     unpack<Bits>(rec + header_bytes(Group, Scheme), w);
+#if defined(SY_BLOCK_AVX512)
+    __m512i magnitude[Bits == 8 ? 8 : 1];
+    if constexpr (Bits == 8) {
+      for (int j = 0; j < 8; ++j)
+        w[j] = _mm512_xor_si512(w[j], _mm512_set1_epi8(static_cast<char>(0x80))), magnitude[j] = _mm512_abs_epi8(w[j]);
+    }
+#endif
     for (int m = 0; m < R; ++m) {
       const int64_t at = (m0 + m) * blocks + b;
       const int32_t* a = reinterpret_cast<const int32_t*>(in.q.data() + at * kBlock);
       const __m512 e = _mm512_set1_ps(in.scale[at]);
       for (int g = 0; g < G; ++g) {
+#if defined(SY_BLOCK_AVX512)
+        const __m512i dot = dot_bw<Bits, chunks>(w + g * chunks, magnitude, a + g * chunks, in.sum[at]);
+#else
         // With few rows the chunks' vpdpbusd chain is the loop's critical path (5 cycles each):
         // split it into P chains summed after (integer sums are exact, so the dot is unchanged).
         constexpr int P = R <= 2 ? (chunks >= 4 ? 4 : chunks) : chunks >= 2 ? 2 : 1;
@@ -410,6 +457,7 @@ inline void tile_rows(const QuantizedInput& in, const uint8_t* tile, int64_t blo
           part[j % P] = _mm512_dpbusd_epi32(part[j % P], w[j], _mm512_set1_epi32(a[j]));
         __m512i dot = part[0];
         for (int p = 1; p < P; ++p) dot = _mm512_add_epi32(dot, part[p]);
+#endif
         const float s = G == 1 ? in.scaled_sum[at] : in.half_sum[2 * at + g];
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[g], e), acc[m]);
         acc_c[m] = _mm512_fmadd_ps(c[g], _mm512_set1_ps(s), acc_c[m]);
@@ -1024,7 +1072,7 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& packed, const at::Ten
 // there is one (lane r of chunk j holds u[r][4j..4j+3]), else the portable reading.
 template <int64_t Bits>
 inline void record_u(const uint8_t* payload, uint8_t u[kTileRows][kBlock]) {
-#if defined(SY_BLOCK_VNNI)
+#if defined(SY_BLOCK_ZMM)
   __m512i w[8];
   unpack<Bits>(payload, w);
   for (int j = 0; j < 8; ++j) {
@@ -1055,7 +1103,7 @@ void dequantize_tiles(const uint8_t* packed, T* out, int64_t K, int64_t rows, in
         for (int64_t g = 0; g < groups_of(Group); ++g) {
           float d, c;
           scales1<Bits, Group, Scheme>(sup, rec, r, g, d, c);
-#if defined(SY_BLOCK_VNNI)
+#if defined(SY_BLOCK_ZMM)
           if constexpr (Group == 16 || Group == 32) {
             bool done = false;
             for (int64_t h = 0; h < Group / 16; ++h) {  // 16 weights a register
@@ -1171,11 +1219,13 @@ int64_t block_mm_amx_rows() {
   return 0;
 }
 
-// "avx512-vnni", "avx2" or "portable": which loop this build runs (the caller prefers another
+// "avx512-vnni", "avx512", "avx2" or "portable": which loop this build runs (the caller prefers another
 // kernel over the portable loop where it has one).
 std::string block_mm_isa() {
 #if defined(SY_BLOCK_VNNI)
   return "avx512-vnni";
+#elif defined(SY_BLOCK_AVX512)
+  return "avx512";
 #elif defined(SY_BLOCK_AVX2)
   return "avx2";
 #else
