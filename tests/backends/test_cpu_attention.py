@@ -643,5 +643,5 @@ def test_prompt_rows_on_other_instruction_sets_equal_each_alone(variant, tmp_pat
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3fn"])
 @pytest.mark.parametrize("group", [1, 3])
 def test_a_prompts_rows_on_a_quantized_cache_equal_each_alone(in_place, kv_cache_dtype, group):
-    """The same for a quantized cache: a tile's rows copied with their scales."""
+    """The same for a quantized cache (each row's scale read with its codes)."""
     _each_alone(in_place.op, *_prompt_rows_batch(torch.float32, kv_cache_dtype, group=group))

@@ -26,8 +26,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <vector>
 
 #if defined(SY_VEC16)
 namespace paged_decode_simd {
@@ -91,7 +89,7 @@ inline void attend_tile(const T* const* key, const int64_t* n, int64_t offset, i
       const float new_max = std::max(m[i][g], vec16::reduce_max(s));
       const float alpha = std::exp(m[i][g] - new_max);  // 0 on the first tile (m = -inf)
       const V e = vec16::first(vec16::exp(vec16::sub(s, vec16::set1(new_max))), n[i], 0.0f);
-      l[i][g] = l[i][g] * alpha + vec16::reduce_add(e);
+      l[i][g] = std::fma(l[i][g], alpha, vec16::reduce_add(e));  // fused explicitly: the same in every instantiation
       m[i][g] = new_max;
       if constexpr (kScaled) {
         vec16::store(p[i] + g * kTile, vec16::mul(e, vec16::load(value_scale)));
@@ -119,14 +117,17 @@ inline void attend_tile(const T* const* key, const int64_t* n, int64_t offset, i
 }
 
 // How many queries attend_tile takes at once in a prompt's rows: as many as keep their
-// accumulators (G * D / 16 vectors each) in 24 of AVX-512's 32 registers, at most 4; one with
+// accumulators (G * D / 16 vectors each) in 16 of AVX-512's 32 registers, at most 4; one with
 // AVX2 (a vector is two of its 16 registers) or a head dim or group known only at run time.
+// Idle 2-core Zen 4, 500 prompt rows after 1,000 cached positions, against one query at a time:
+// the 1.7B shape (one query head per KV head: 4 rows at once) 1.21-1.29x; SmolLM2-135M (groups
+// of 3) ran 0.65x with 2 rows at once (24 registers), hence the 16.
 template <int64_t kD, int64_t kG>
 constexpr int queries_at_once() {
 #if defined(SY_VEC16_AVX2)
   return 1;
 #else
-  return kD > 0 && kG > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(4, 24 / (kD / 16 * kG)))) : 1;
+  return kD > 0 && kG > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(4, 16 / (kD / 16 * kG)))) : 1;
 #endif
 }
 
@@ -176,43 +177,37 @@ void attend_range_rows(const Rows& rows, int64_t count, const float* const* q, i
     }
   };
   prefetch(std::min<int64_t>(kTile, hi - lo));
-  // Several queries: each KV head's share of the tile is copied into `local` (keys, then values,
-  // one row after the other) and read from there. In the cache a tile's rows of one head lie
-  // num_kv_heads * row apart, a power of two for most models (8 KB for 32 heads of 64 floats), so
-  // all 16 fall in the same few L1 sets and evict each other before the next query reads them.
-  const bool copy = count > 1;
-  std::vector<T> local(copy ? 2 * kTile * W : 0);
   const T* key[kTile];
-  const T* local_key[kTile];
-  for (int64_t t = 0; t < kTile && copy; ++t) local_key[t] = local.data() + t * W;
   for (int64_t pos = lo; pos < hi; pos += kTile) {
     const int64_t n = std::min<int64_t>(kTile, hi - pos);
     const int64_t ahead = std::max<int64_t>(0, std::min<int64_t>(kTile, hi - pos - kTile));
     for (int64_t t = 0; t < n; ++t) key[t] = next_row(reading_block, reading_offset);
     for (int64_t h = 0; h < H; ++h) {
       prefetch(ahead * (h + 1) / H - ahead * h / H);
-      if (copy) {
-        for (int64_t t = 0; t < n; ++t) {
-          std::memcpy(local.data() + t * W, key[t] + h * W, W * sizeof(T));
-          std::memcpy(local.data() + (kTile + t) * W, key[t] + rows.kv_half + h * W, W * sizeof(T));
+      if constexpr (kQ == 1) {
+        for (int64_t i = 0; i < count; ++i) {
+          if (his[i] <= pos) continue;
+          const int64_t n_i = std::min<int64_t>(kTile, his[i] - pos);
+          const float* q_i = q[i] + h * G * D;
+          float *m_i = m[i] + h * G, *l_i = l[i] + h * G, *acc_i = acc[i] + h * G * D;
+          attend_tile<T, kD, kG>(key, &n_i, h * W, rows.kv_half, &q_i, D, G, soft_cap, &m_i, &l_i, &acc_i);
         }
+      } else {
+        // the queries whose range reaches this tile, their rows of it and their head h's state
+        int64_t active = 0, counts[kMaxQueries];
+        const float* qh[kMaxQueries];
+        float *mh[kMaxQueries], *lh[kMaxQueries], *acch[kMaxQueries];
+        for (int64_t i = 0; i < count; ++i) {
+          if (his[i] <= pos) continue;
+          counts[active] = std::min<int64_t>(kTile, his[i] - pos), qh[active] = q[i] + h * G * D;
+          mh[active] = m[i] + h * G, lh[active] = l[i] + h * G, acch[active] = acc[i] + h * G * D, ++active;
+        }
+        int64_t i = 0;
+        for (; i + kQ <= active; i += kQ)
+          attend_tile<T, kD, kG, kQ>(key, counts + i, h * W, rows.kv_half, qh + i, D, G, soft_cap, mh + i, lh + i, acch + i);
+        for (; i < active; ++i)
+          attend_tile<T, kD, kG>(key, counts + i, h * W, rows.kv_half, qh + i, D, G, soft_cap, mh + i, lh + i, acch + i);
       }
-      // the queries whose range reaches this tile, their rows of it and their head h's state
-      int64_t active = 0, counts[kMaxQueries];
-      const float* qh[kMaxQueries];
-      float *mh[kMaxQueries], *lh[kMaxQueries], *acch[kMaxQueries];
-      for (int64_t i = 0; i < count; ++i) {
-        if (his[i] <= pos) continue;
-        counts[active] = std::min<int64_t>(kTile, his[i] - pos), qh[active] = q[i] + h * G * D;
-        mh[active] = m[i] + h * G, lh[active] = l[i] + h * G, acch[active] = acc[i] + h * G * D, ++active;
-      }
-      const T* const* tile = copy ? local_key : key;
-      const int64_t at = copy ? 0 : h * W, half = copy ? kTile * W : rows.kv_half;
-      int64_t i = 0;
-      for (; i + kQ <= active; i += kQ)
-        attend_tile<T, kD, kG, kQ>(tile, counts + i, at, half, qh + i, D, G, soft_cap, mh + i, lh + i, acch + i);
-      for (; i < active; ++i)
-        attend_tile<T, kD, kG>(tile, counts + i, at, half, qh + i, D, G, soft_cap, mh + i, lh + i, acch + i);
     }
   }
 }
