@@ -21,6 +21,8 @@ from switchyard.core.scheduling.request import Request
 from switchyard.core.testing.tiny_qwen2_vl import processor_inputs, tiny_qwen2_vl
 from switchyard.core.testing.tiny_vlm import hf_greedy_scored, png_bytes
 
+from mmproj_pairs import greedy_answers
+
 NUM_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0)
 
@@ -59,13 +61,8 @@ def make_engine(path, budget: int = 2048, compile_decode: bool = False) -> Engin
 
 
 def run(engine: EngineCore, requests: list[Request]) -> dict[str, tuple[list[int], list[float], int]]:
-    for request in requests:
-        engine.add_request(request)
-    outputs = {r.request_id: ([], []) for r in requests}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.request_id][0].extend(out.new_token_ids)
-            outputs[out.request_id][1].extend(out.logprobs or ())
+    """greedy_answers, with each request's cached prompt tokens."""
+    outputs = greedy_answers(engine, requests)
     return {r.request_id: (*outputs[r.request_id], r.num_cached_tokens) for r in requests}
 
 
