@@ -298,6 +298,13 @@ inline int32_t weight_u(const uint8_t* payload, int64_t r, int64_t k) {
   }
 }
 
+#if defined(SY_BLOCK_AVX512) || defined(SY_BLOCK_AVX2)
+// vpmaddubsw's int16 pair sums of u < 2^bits (4-6 bits) and |qa| <= 127: at most 2 * 63 * 127 =
+// 16002 for 6 bits, so this many chunks' sums add up below 2^15 before vpmaddwd widens them (the
+// AVX-512 loop without VNNI and the AVX2 loop).
+constexpr int int16_chunks(int64_t bits) { return bits == 4 ? 8 : bits == 5 ? 4 : 2; }
+#endif
+
 #if defined(SY_BLOCK_ZMM) || defined(SY_BLOCK_AVX2)
 // Weights are read once per step, from memory: each record's lines are prefetched this far
 // ahead (a thread's tiles are contiguous). 2-core AVX2 EPYC, the default model's 120 Q4_1
@@ -398,7 +405,7 @@ inline __m512i dot_bw(const __m512i* w, const __m512i* magnitude, const int32_t*
     }
     return dot;
   } else {
-    constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
+    constexpr int in_int16 = std::min<int>(chunks, int16_chunks(Bits));
     __m512i dot = _mm512_setzero_si512();
     for (int j0 = 0; j0 < chunks; j0 += in_int16) {
       __m512i sum = _mm512_maddubs_epi16(w[j0], _mm512_set1_epi32(a[j0]));
@@ -730,7 +737,7 @@ inline void block_dot(const __m256i w[8], const int32_t* a, int32_t a_sum, __m25
       dots[j / chunks] = _mm256_add_epi32(dots[j / chunks], _mm256_madd_epi16(pairs, ones));
     }
   } else {
-    constexpr int in_int16 = std::min(chunks, Bits == 4 ? 8 : Bits == 5 ? 4 : 2);  // chunks an int16 sum holds
+    constexpr int in_int16 = std::min<int>(chunks, int16_chunks(Bits));
     for (int j0 = 0; j0 < 8; j0 += in_int16) {
       __m256i sum = _mm256_maddubs_epi16(w[j0], _mm256_set1_epi32(a[j0]));
       for (int j = j0 + 1; j < j0 + in_int16; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(a[j])));
