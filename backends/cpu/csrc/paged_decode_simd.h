@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(SY_VEC16)
 namespace paged_decode_simd {
@@ -42,6 +43,55 @@ struct Rows {
   int64_t block_size, num_kv_heads, kv_half, row;
 };
 
+// The values' part of attend_tile: acc[i][G * D] = acc * rescale + sum over the tile's rows t < n[i] of
+// p[i][t] * v[t], rows in order. Out of line: inlined beside the scores' registers, GCC stored every
+// accumulator to the stack at every row (AVX-512, 4 queries: 16 stores a row). Where every query
+// takes every row (all but the prompt's diagonal tiles) the loop runs without the test.
+template <typename T, int64_t kD, int64_t kG, int Q>
+inline void add_values(const T* const* key, const int64_t* n, int64_t rows, int64_t offset, int64_t head_dim,
+                       int64_t group, const float (*p)[(kG > 0 ? kG : 16) * kTile],
+                       const float (*rescale)[kG > 0 ? kG : 16], float* const* acc) {
+  const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, C = D / 16;
+  constexpr int64_t kAcc = kD > 0 && kG > 0 ? kD / 16 * kG : 16 * 16;  // registers of acc
+  V a[Q][kAcc];
+  for (int i = 0; i < Q; ++i) {
+    for (int64_t g = 0; g < G; ++g) {
+      const V scale = vec16::set1(rescale[i][g]);
+      for (int64_t c = 0; c < C; ++c) a[i][g * C + c] = vec16::mul(vec16::load(acc[i] + g * D + 16 * c), scale);
+    }
+  }
+  bool full = true;
+  for (int i = 0; i < Q; ++i) full = full && n[i] == rows;
+  const auto values = [&](auto all) {
+    for (int64_t t = 0; t < rows; ++t) {
+      V v[kD > 0 ? kD / 16 : 16];
+      for (int64_t c = 0; c < C; ++c) v[c] = vec16::load(key[t] + offset + 16 * c);
+      for (int i = 0; i < Q; ++i) {
+        if (!decltype(all)::value && t >= n[i]) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          const V weight = vec16::set1(p[i][g * kTile + t]);
+          for (int64_t c = 0; c < C; ++c) a[i][g * C + c] = vec16::fmadd(weight, v[c], a[i][g * C + c]);
+        }
+      }
+    }
+  };
+  if (Q == 1 || full) {
+    values(std::true_type{});
+  } else {
+    values(std::false_type{});
+  }
+  for (int i = 0; i < Q; ++i) {
+    for (int64_t j = 0; j < G * C; ++j) vec16::store(acc[i] + 16 * j, a[i][j]);
+  }
+}
+template <typename T, int64_t kD, int64_t kG, int Q>
+__attribute__((noinline)) void add_values_apart(const T* const* key, const int64_t* n, int64_t rows, int64_t offset,
+                                                int64_t head_dim, int64_t group,
+                                                const float (*p)[(kG > 0 ? kG : 16) * kTile],
+                                                const float (*rescale)[kG > 0 ? kG : 16], float* const* acc) {
+  add_values<T, kD, kG, Q>(key, n, rows, offset, head_dim, group, p, rescale, acc);
+}
+
 // One tile (n[i] <= 16 rows for query i, `key` their first KV head's key rows) for the G query
 // heads of KV head h (its rows at `offset`) of Q queries: scores, online softmax update of
 // m[i][G], l[i][G], and acc[i][G * D] += p * v. Each key and value row is loaded once for all Q
@@ -53,10 +103,10 @@ inline void attend_tile(const T* const* key, const int64_t* n, int64_t offset, i
                         float* const* l, float* const* acc) {
   static_assert(Q == 1 || (kD > 0 && kG > 0), "several queries at once need a compile-time head dim and group");
   const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, C = D / 16;
-  constexpr int64_t kAcc = kD > 0 && kG > 0 ? kD / 16 * kG : 16 * 16;  // registers of acc
   constexpr int64_t kHeads = kG > 0 ? kG : 16;                          // 16 is the largest group
   constexpr bool kScaled = kv_rows::Format<T>::kQuantized;
-  V a[Q][kAcc], partial[Q][kHeads * kTile];
+  V partial[Q][kHeads * kTile];
+  float rescale[Q][kHeads];
   alignas(64) float p[Q][kHeads * kTile];
   alignas(64) float key_scale[kScaled ? kTile : 1], value_scale[kScaled ? kTile : 1];
   int64_t rows = 0;
@@ -96,23 +146,13 @@ inline void attend_tile(const T* const* key, const int64_t* n, int64_t offset, i
       } else {
         vec16::store(p[i] + g * kTile, e);
       }
-      const V scale = vec16::set1(alpha);
-      for (int64_t c = 0; c < C; ++c) a[i][g * C + c] = vec16::mul(vec16::load(acc[i] + g * D + 16 * c), scale);
+      rescale[i][g] = alpha;
     }
   }
-  for (int64_t t = 0; t < rows; ++t) {
-    V v[kD > 0 ? kD / 16 : 16];
-    for (int64_t c = 0; c < C; ++c) v[c] = vec16::load(key[t] + kv_half + offset + 16 * c);
-    for (int i = 0; i < Q; ++i) {
-      if (t >= n[i]) continue;
-      for (int64_t g = 0; g < G; ++g) {
-        const V weight = vec16::set1(p[i][g * kTile + t]);
-        for (int64_t c = 0; c < C; ++c) a[i][g * C + c] = vec16::fmadd(weight, v[c], a[i][g * C + c]);
-      }
-    }
-  }
-  for (int i = 0; i < Q; ++i) {
-    for (int64_t j = 0; j < G * C; ++j) vec16::store(acc[i] + 16 * j, a[i][j]);
+  if constexpr (Q > 1) {
+    add_values_apart<T, kD, kG, Q>(key, n, rows, offset + kv_half, head_dim, group, p, rescale, acc);
+  } else {
+    add_values<T, kD, kG, Q>(key, n, rows, offset + kv_half, head_dim, group, p, rescale, acc);
   }
 }
 
