@@ -9,6 +9,14 @@ What a tuned CPU engine does, as vLLM's CPU worker does it:
   so torch's OpenMP calls go to it (it exports GNU OpenMP's entry points), with a short
   spin time before sleeping (KMP_BLOCKTIME=1), no power-saving pause (KMP_TPAUSE=0) and
   distributed barriers: vLLM's settings;
+- where neither is found, glibc's malloc with its large blocks kept on the heap
+  (GLIBC_TUNABLES: mmap_max=0, a trim threshold too high to reach): by default every block of
+  32 MiB or more (a prompt chunk's activations: 1,505 tokens of a 1.7B model's MLP are 98 MB) is
+  mapped fresh and unmapped again, so each layer of each prompt paid page faults and the kernel's
+  zeroing of its outputs. Kept on the heap they reuse freed pages: 2-core Zen 4, the 1.7B
+  Q4_K_M's 1,505-token prompt 1.09-1.13x faster, its peak RSS 9% higher (3.2 against 2.9 GB;
+  llama-server's is 1.4x ours). The engine loop hands the free pages back to the OS once idle
+  (core/engine/loop.py), as tcmalloc does in the background;
 - one thread per physical core this process may run on (os.sched_getaffinity; one logical
   CPU per core when there are hyperthreads), each bound to its own core (KMP_AFFINITY with
   Intel OpenMP, OMP_PROC_BIND/OMP_PLACES with GNU OpenMP).
@@ -35,6 +43,9 @@ LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/
 KMP_SETTINGS = {"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0", "KMP_FORKJOIN_BARRIER_PATTERN": "dist,dist",
                 "KMP_PLAIN_BARRIER_PATTERN": "dist,dist", "KMP_REDUCTION_BARRIER_PATTERN": "dist,dist"}
 MODES = ("tuned", "plain")
+# glibc's malloc where no allocator is preloaded: never mmap a block, never trim the heap's top on
+# free (the module docstring); the user's own GLIBC_TUNABLES come after ours and win.
+GLIBC_HEAP_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,11 @@ class CpuRuntime:
         elif self.bind:
             ours.update(OMP_PROC_BIND="close", OMP_PLACES=",".join(f"{{{core}}}" for core in self.cores))
         merged = {name: current.get(name, value) for name, value in ours.items()}
+        users_tunables = current.get("GLIBC_TUNABLES", "")
+        if self.allocator is None and GLIBC_HEAP_TUNABLES not in users_tunables:
+            merged["GLIBC_TUNABLES"] = ":".join(t for t in (GLIBC_HEAP_TUNABLES, users_tunables) if t)
+        elif self.allocator is None:
+            merged["GLIBC_TUNABLES"] = users_tunables  # asked for already (this environment's own)
         preload = [lib.path for lib in (self.allocator, self.openmp) if lib is not None]
         if preload:
             users = [entry for entry in current.get("LD_PRELOAD", "").replace(":", " ").split() if entry]
@@ -135,7 +151,8 @@ class CpuRuntime:
         return merged
 
     def describe(self) -> str:
-        allocator = "glibc malloc" if self.allocator is None else f"{self.allocator.name} ({self.allocator.path})"
+        allocator = ("glibc malloc, large blocks kept on the heap" if self.allocator is None
+                     else f"{self.allocator.name} ({self.allocator.path})")
         openmp = "GNU OpenMP (torch's)" if self.openmp is None else f"Intel OpenMP ({self.openmp.path})"
         cores = ",".join(map(str, self.cores))
         return (f"allocator {allocator}; OpenMP {openmp}; {self.threads} threads on cores {cores}"

@@ -21,7 +21,7 @@ from .channel import Channel
 from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, LoadChanged, LoadLora, Ready, Settled,
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, UnloadLora, portable)
 from ..errors import BackendError, EngineDeadError, ShardTerminated
-from ..memory import release_freed_memory
+from ..memory import release_freed_memory, trim_heap
 from ..text.serving_tokenizer import gateway_tokenizer
 from .output_processor import OutputProcessor
 from ..scheduling.request import FinishReason, Request
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HEALTH_INTERVAL_S = 0.5
+# Idle this long after a step, the heap's free pages go back to the OS (core/memory.py trim_heap):
+# a CPU engine keeps its activations' pages on the heap between steps (backends/cpu/runtime.py),
+# which back-to-back requests reuse, but an idle server should not hold its last peak.
+IDLE_TRIM_S = 5.0
 ADAPTER_READ_POLL_S = 0.005  # while idle with an adapter being read beside (EngineLoop._lora)
 
 
@@ -96,6 +100,7 @@ class EngineLoop:
         self._adapter_reader: ThreadPoolExecutor | None = None
         self._adapters_read: queue.SimpleQueue[tuple[LoadLora, Future]] = queue.SimpleQueue()
         self._adapter_reads = 0  # submitted, not yet served or refused
+        self._last_step: float | None = None  # monotonic end of the last step not yet followed by a trim
 
     def warm_up(self) -> None:
         """What the first requests would pay is paid here, before Ready: a step of prompt chunks as
@@ -125,6 +130,7 @@ class EngineLoop:
                 self.engine.check_health()
                 if self.engine.has_unfinished_requests():
                     self._step()
+                self._release_when_idle(time.monotonic())
         except ShardTerminated as exc:
             logger.error("%s", exc)
             self.channel.send(Dead(portable(exc)))
@@ -144,6 +150,15 @@ class EngineLoop:
         return EngineLoad(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
                           num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
                           num_kv_blocks_total=pool.num_usable_blocks)
+
+    def _release_when_idle(self, now: float) -> bool:
+        """IDLE_TRIM_S after the last step (once per busy spell), the heap's free pages go back to
+        the OS; True when they did."""
+        if self._last_step is None or self.engine.has_unfinished_requests() or now - self._last_step < IDLE_TRIM_S:
+            return False
+        trim_heap()
+        self._last_step = None
+        return True
 
     # -- commands -----------------------------------------------------------------------
     def _idle_wait(self) -> float:
@@ -255,6 +270,12 @@ class EngineLoop:
 
     # -- steps ----------------------------------------------------------------------------
     def _step(self) -> None:
+        try:
+            self._run_step()
+        finally:
+            self._last_step = time.monotonic()
+
+    def _run_step(self) -> None:
         start = time.perf_counter()
         start_ns = time.time_ns() if self.tracer is not None else 0
         try:

@@ -4,6 +4,9 @@ tests/gateway/test_cpu_runtime_serve.py."""
 from __future__ import annotations
 
 import os
+import platform
+
+import pytest
 
 from switchyard.backends.cpu import CpuBackend
 from switchyard.backends.cpu import backend as cpu_backend_module
@@ -78,8 +81,37 @@ def test_intel_openmp_environment_binds_with_kmp_affinity():
 
 def test_gnu_openmp_environment_binds_with_omp_places():
     env = CpuRuntime(None, None, cores=(1, 3), bind=True).environment({})
-    assert env == {"OMP_NUM_THREADS": "2", "OMP_PROC_BIND": "close", "OMP_PLACES": "{1},{3}"}
-    assert CpuRuntime(None, None, cores=(1, 3), bind=False).environment({}) == {"OMP_NUM_THREADS": "2"}
+    assert env == {"OMP_NUM_THREADS": "2", "OMP_PROC_BIND": "close", "OMP_PLACES": "{1},{3}",
+                   "GLIBC_TUNABLES": runtime.GLIBC_HEAP_TUNABLES}
+    assert CpuRuntime(None, None, cores=(1, 3), bind=False).environment({}) == {
+        "OMP_NUM_THREADS": "2", "GLIBC_TUNABLES": runtime.GLIBC_HEAP_TUNABLES}
+
+
+def test_glibc_malloc_keeps_large_blocks_on_the_heap_unless_an_allocator_is_preloaded():
+    assert "GLIBC_TUNABLES" not in CpuRuntime(TCMALLOC, None, cores=(0,), bind=False).environment({})
+    heap = CpuRuntime(None, None, cores=(0,), bind=False)
+    # the user's own tunables come after ours (a later setting wins), and asking again changes nothing
+    users = {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}
+    env = heap.environment(users)
+    assert env["GLIBC_TUNABLES"] == f"{runtime.GLIBC_HEAP_TUNABLES}:glibc.malloc.trim_threshold=0"
+    assert heap.environment({**users, **env}) == env
+    assert "large blocks kept on the heap" in heap.describe()
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_glibc_heap_tunables_are_ones_glibc_reads():
+    # a child started with them runs, and its malloc keeps a 64 MB block on the heap (brk), not mapped
+    import subprocess
+    import sys
+    code = ("import ctypes, re; libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; "
+            "p = libc.malloc(64 << 20); maps = open('/proc/self/maps').read(); "
+            "heap = [l for l in maps.splitlines() if l.endswith('[heap]')]; "
+            "lo, hi = (int(x, 16) for x in heap[0].split()[0].split('-')); print(lo <= p < hi)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GLIBC_TUNABLES": runtime.GLIBC_HEAP_TUNABLES}).stdout
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}).stdout
+    assert (out.strip(), plain.strip()) == ("True", "False")
 
 
 def test_the_users_own_settings_are_kept_and_preloads_merged():

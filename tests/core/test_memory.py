@@ -74,3 +74,26 @@ def test_one_mapped_tensor_pages_are_dropped_and_anonymous_memory_is_never_touch
     assert pages.drop(anonymous) == 0 and bool((anonymous == 7).all())
     assert status_kib("RssFile") - middle < 1024  # the second half stayed resident
     assert first[4097].item() == 1 and second[-1].item() == 255
+
+
+def test_the_engine_loop_trims_the_heap_once_idle_after_steps(monkeypatch):
+    """core/engine/loop.py: IDLE_TRIM_S after the last step, once per busy spell, never while
+    requests run (a CPU engine's activations stay on the heap between steps: backends/cpu/runtime.py)."""
+    from types import SimpleNamespace
+
+    from switchyard.core.engine import loop as loop_module
+
+    trims = []
+    monkeypatch.setattr(loop_module, "trim_heap", lambda: trims.append(1) or True)
+    busy = [False]
+    engine = SimpleNamespace(finish_request=lambda *a: None, has_unfinished_requests=lambda: busy[0])
+    loop = loop_module.EngineLoop(channel=None, engine=engine, tokenizer=None)
+    idle = loop_module.IDLE_TRIM_S
+    assert not loop._release_when_idle(1e6)  # no step yet: nothing to give back
+    loop._last_step = 100.0
+    busy[0] = True
+    assert not loop._release_when_idle(100.0 + 2 * idle)  # requests running
+    busy[0] = False
+    assert not loop._release_when_idle(100.0 + idle / 2)  # idle, not for long
+    assert loop._release_when_idle(100.0 + idle) and trims == [1]
+    assert not loop._release_when_idle(100.0 + 3 * idle) and trims == [1]  # once per spell
