@@ -8,7 +8,9 @@ resident for reuse unless they sit at the heap's very top, so an idle engine hel
 RSS than it used: the default model's served engine, idle, 688 MB before and 611 MB after a trim
 (2-core AMX Xeon). Under load the peak is the same either way (the KV cache's pages fill in as its
 blocks are used). `malloc_trim(0)` hands every whole free page back; elsewhere (musl, macOS) there
-is no such call and nothing is done.
+is no such call and nothing is done. The engine loop trims again once idle after serving
+(core/engine/loop.py IDLE_TRIM_S): a CPU engine on glibc keeps its large activations on the heap
+between steps (backends/cpu/runtime.py).
 
 Not done: fixing glibc's mmap threshold low (1 MiB) so that a long prompt's freed activations
 leave the heap too. It saved ~50 MB after a 1,400-token prompt but made that prompt's prefill

@@ -15,7 +15,7 @@ What a tuned CPU engine does, as vLLM's CPU worker does it:
   mapped fresh and unmapped again, so each layer of each prompt paid page faults and the kernel's
   zeroing of its outputs. Kept on the heap they reuse freed pages: 2-core Zen 4, the 1.7B
   Q4_K_M's 1,505-token prompt 1.09-1.13x faster, its peak RSS 9% higher (3.2 against 2.9 GB;
-  llama-server's is 1.4x ours). The engine loop hands the free pages back to the OS once idle
+  llama-server's is 1.3x ours). The engine loop hands the free pages back to the OS once idle
   (core/engine/loop.py), as tcmalloc does in the background;
 - one thread per physical core this process may run on (os.sched_getaffinity; one logical
   CPU per core when there are hyperthreads), each bound to its own core (KMP_AFFINITY with
@@ -139,11 +139,11 @@ class CpuRuntime:
         elif self.bind:
             ours.update(OMP_PROC_BIND="close", OMP_PLACES=",".join(f"{{{core}}}" for core in self.cores))
         merged = {name: current.get(name, value) for name, value in ours.items()}
-        users_tunables = current.get("GLIBC_TUNABLES", "")
-        if self.allocator is None and GLIBC_HEAP_TUNABLES not in users_tunables:
-            merged["GLIBC_TUNABLES"] = ":".join(t for t in (GLIBC_HEAP_TUNABLES, users_tunables) if t)
-        elif self.allocator is None:
-            merged["GLIBC_TUNABLES"] = users_tunables  # asked for already (this environment's own)
+        if self.allocator is None:
+            tunables = current.get("GLIBC_TUNABLES", "")  # ours already in it: this environment's own
+            if GLIBC_HEAP_TUNABLES not in tunables:
+                tunables = ":".join(filter(None, (GLIBC_HEAP_TUNABLES, tunables)))
+            merged["GLIBC_TUNABLES"] = tunables
         preload = [lib.path for lib in (self.allocator, self.openmp) if lib is not None]
         if preload:
             users = [entry for entry in current.get("LD_PRELOAD", "").replace(":", " ").split() if entry]
