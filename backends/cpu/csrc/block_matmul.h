@@ -46,6 +46,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -654,13 +655,13 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   constexpr int R = rows_per_pass(Bits);
   // More than one pass over each tile: its scales formed once (fill_tile_scales).
-  std::vector<float> table(M > R ? blocks * groups_of(Group) * 32 : 0);
+  const std::unique_ptr<float[]> table(M > R ? new float[blocks * groups_of(Group) * 32] : nullptr);  // fill_tile_scales writes it all
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
     T* o = out + t * kTileRows;
     const float* scales = nullptr;
-    if (!table.empty()) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.data()), scales = table.data();
+    if (table) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.get()), scales = table.get();
     for (int64_t m0 = 0; m0 < M; m0 += R) {
       const bool prefetch = m0 == 0;  // later groups find the tile in cache
       switch (std::min<int64_t>(R, M - m0)) {
@@ -885,7 +886,7 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
   const int64_t blocks = K / kBlock, tile_size = tile_bytes(Bits, Group, Scheme, blocks);
   // More than one pass over each half of a tile: its scales formed once (fill_tile_scales).
   constexpr int64_t R = rows_per_pass(Bits);
-  std::vector<float> table(M > R ? blocks * groups_of(Group) * 32 : 0);
+  const std::unique_ptr<float[]> table(M > R ? new float[blocks * groups_of(Group) * 32] : nullptr);  // fill_tile_scales writes it all
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_size;
     const int64_t rows_here = std::min(kTileRows, rows - t * kTileRows);
@@ -894,7 +895,7 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
       continue;
     }
     const float* scales = nullptr;
-    if (!table.empty()) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.data()), scales = table.data();
+    if (table) fill_tile_scales<Bits, Group, Scheme>(tile, blocks, table.get()), scales = table.get();
     for (int64_t h = 0; h < 2 && 8 * h < rows_here; ++h) {
       T* o = out + t * kTileRows + 8 * h;
       const int64_t count = std::min<int64_t>(8, rows_here - 8 * h);
@@ -1035,22 +1036,27 @@ void run(const at::Tensor& x, const uint8_t* packed, const std::vector<Segment>&
          int64_t passes) {
   const int64_t M = x.size(0), K = x.size(1), rows = passes * M;
   const QuantizedInput in = quantize_input(x.data_ptr<T>(), M, K, padded_rows(rows), passes);
-  const auto multiply = [&](auto* op) {
+  // then(n0, n1): what the thread that multiplied output columns [n0, n1) does with them next.
+  const auto multiply = [&](auto* op, auto&& then) {
     for_tiles(segments, [&](const Segment& s, int64_t begin, int64_t end) {
       dispatch_layout(s, [&](auto bits, auto group, auto scheme) {
         tiles<decltype(bits)::value, decltype(group)::value, decltype(scheme)::value>(in, packed + s.offset, op + s.row0,
                                                                                       rows, N, K, s.rows, begin, end);
       });
+      then(s.row0 + begin * kTileRows, s.row0 + std::min(end * kTileRows, s.rows));
     });
   };
-  if (passes == 1) return multiply(out.data_ptr<T>());
-  // Two passes: each output is its rows' products summed in float32, pass 0 then pass 1.
-  std::vector<float> parts(rows * N);
-  multiply(parts.data());
+  if (passes == 1) return multiply(out.data_ptr<T>(), [](int64_t, int64_t) {});
+  // Two passes: each output is its rows' products summed in float32, pass 0 then pass 1, by the
+  // thread that made those columns (no second parallel region; `parts` is all written first).
+  const std::unique_ptr<float[]> parts(new float[rows * N]);
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m)
-      for (int64_t n = 0; n < N; ++n) op[m * N + n] = static_cast<T>(parts[2 * m * N + n] + parts[(2 * m + 1) * N + n]);
+  multiply(parts.get(), [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* p0 = parts.get() + 2 * m * N;
+      const float* p1 = p0 + N;
+      for (int64_t n = n0; n < n1; ++n) op[m * N + n] = static_cast<T>(p0[n] + p1[n]);
+    }
   });
 }
 
