@@ -962,9 +962,9 @@ void tiles(const QuantizedInput& in, const uint8_t* packed, T* out, int64_t M, i
 #endif
 
 // One segment of a packed weight: `rows` output rows from `row0`, layout (bits, group, scale
-// scheme), its tiles from byte `offset`.
+// scheme), its tiles (tile_size bytes each) from byte `offset`.
 struct Segment {
-  int64_t row0, rows, bits, group, scheme, offset, tiles;
+  int64_t row0, rows, bits, group, scheme, offset, tiles, tile_size;
 };
 
 // The segments table from Python: int64 [S, 5] rows (rows, bits, group, scheme, byte offset);
@@ -978,13 +978,14 @@ inline std::vector<Segment> read_segments(const at::Tensor& table, int64_t K, in
   int64_t row0 = 0, end = 0;
   for (int64_t i = 0; i < table.size(0); ++i) {
     const int64_t* f = t + 5 * i;
-    Segment s{row0, f[0], f[1], f[2], f[3], f[4], (f[0] + kTileRows - 1) / kTileRows};
+    Segment s{row0, f[0], f[1], f[2], f[3], f[4], (f[0] + kTileRows - 1) / kTileRows, 0};
     TORCH_CHECK(known_layout(s.bits, s.group, s.scheme), "block_mm: no kernel for ", s.bits, "-bit weights in groups of ",
                 s.group, " (scale scheme ", s.scheme, ")");
+    s.tile_size = tile_bytes(s.bits, s.group, s.scheme, K / kBlock);
     TORCH_CHECK(super_bytes(s.scheme) == 0 || K % (kSuperBlocks * kBlock) == 0,
                 "block_mm: k-quant weights need a multiple of 256 inputs");
     TORCH_CHECK(s.rows > 0 && s.offset >= end, "block_mm: segment ", i, " overlaps the one before it");
-    end = s.offset + s.tiles * tile_bytes(s.bits, s.group, s.scheme, K / kBlock);
+    end = s.offset + s.tiles * s.tile_size;
     row0 += s.rows;
     segments.push_back(s);
   }
@@ -1007,17 +1008,28 @@ inline void dispatch_layout(const Segment& s, Fn&& fn) {
   TORCH_CHECK(false, "block_mm: no kernel for this layout");
 }
 
-// Runs fn(segment, first tile, end tile) over every segment's tiles, split over threads by tile.
+// Runs fn(segment, first tile, end tile) over every segment's tiles, split over threads by their
+// bytes: a fused weight's parts may differ in format (a Q4_K_M q/k/v: q and k Q4_K, v Q6_K), and
+// a tile's time, read from memory or multiplied, goes about with its bytes, so equal tile counts
+// left one thread ~1.3x the other's bytes (7B qkv at one row). Thread i takes the tiles whose
+// first byte lies in its equal share of the whole; which thread makes a tile changes no bit.
 template <typename Fn>
 inline void for_tiles(const std::vector<Segment>& segments, Fn&& fn) {
-  int64_t total = 0;
-  for (const Segment& s : segments) total += s.tiles;
-  at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
-    int64_t first = 0;
-    for (const Segment& s : segments) {
-      const int64_t lo = std::max(begin, first), hi = std::min(end, first + s.tiles);
-      if (lo < hi) fn(s, lo - first, hi - first);
-      first += s.tiles;
+  int64_t bytes = 0, tiles = 0;
+  for (const Segment& s : segments) bytes += s.tiles * s.tile_size, tiles += s.tiles;
+  const int64_t shares = std::min<int64_t>(at::get_num_threads(), tiles);
+  at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t lo = bytes * i / shares, hi = bytes * (i + 1) / shares;
+      int64_t first = 0;  // the segment's first byte in the whole
+      for (const Segment& s : segments) {
+        // the tiles t with lo <= first + t * tile_size < hi
+        const auto from = [&](int64_t at) {
+          return std::min(s.tiles, (std::max<int64_t>(at - first, 0) + s.tile_size - 1) / s.tile_size);
+        };
+        if (from(lo) < from(hi)) fn(s, from(lo), from(hi));
+        first += s.tiles * s.tile_size;
+      }
     }
   });
 }
