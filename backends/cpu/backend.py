@@ -1,7 +1,6 @@
 """The embedded default backend: always usable, plain torch on the host CPU."""
 from __future__ import annotations
 
-import mmap
 import os
 
 import logging
@@ -24,6 +23,7 @@ from .fused_decode import FusedDecodeRunner, fused_program, load_decode_layers
 from .runner import CpuModelRunner
 from .fused_decode import describe as describe_fused
 from .linear import describe as describe_linears
+from .pages import small_pages
 from .linear import load_rows_kernel, pack_linears, packable_dtypes, packing_supported, rows_kernel_rows
 from .lora import CpuLoraKernel
 from .quant import BlockLinear, linear_weights, load_block_kernel, pack_quantized, resolve_activations
@@ -76,15 +76,6 @@ def _meminfo_available_bytes(path: str = "/proc/meminfo") -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _small_pages(nbytes: int) -> mmap.mmap:
-    """An anonymous, zero-filled mapping of `nbytes` whose pages come 4 KiB at a time on first
-    touch: advised off huge pages, whatever the system's THP mode."""
-    mapping = mmap.mmap(-1, nbytes)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
-        mapping.madvise(mmap.MADV_NOHUGEPAGE)
-    return mapping
 
 
 # What holds torch's own kernels to a level too (ATen's vectorized loops, oneDNN's JIT), read by
@@ -319,5 +310,5 @@ class CpuBackend(ProcessGroupShards, Backend):
         default model's cache resident, 2 MiB per layer.)"""
         shape, nbytes = spec.cache_shape(num_blocks), num_blocks * spec.cache_block_bytes
         check_fits(KVCacheSize(num_blocks, spec.block_size, nbytes * num_layers), self.available_memory_bytes())
-        return [torch.frombuffer(_small_pages(nbytes), dtype=torch.uint8).view(spec.cache_dtype).view(shape)
+        return [torch.frombuffer(small_pages(nbytes), dtype=torch.uint8).view(spec.cache_dtype).view(shape)
                 for _ in range(num_layers)]
