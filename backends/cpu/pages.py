@@ -8,8 +8,8 @@
   faster, AVX-512 1.02x, AVX512-VNNI 1.03x (docs/cpu.md). Only the 2 MiB-aligned middle of a
   weight is advised; its ends stay in 4 KiB pages, so no weight holds more than its bytes.
 
-Both work under every THP mode the system has ("never" simply gives 4 KiB pages), and both give a
-uint8 tensor that keeps its mapping alive.
+Both work under every THP mode the system has ("never" simply gives 4 KiB pages); a tensor made
+from either mapping (torch.frombuffer) keeps it alive.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import mmap
 import torch
 
 HUGE_PAGE = 2 << 20
-# Below this a weight has no 2 MiB-aligned page to advise: the allocator's memory serves it.
+# Below this a weight would hold one whole 2 MiB page at most: the allocator's memory serves it.
 MIN_HUGE_BYTES = 2 * HUGE_PAGE
 
 
