@@ -47,7 +47,7 @@ import torch
 
 from switchyard.core.quant import BLOCK, BLOCK_BYTES, GROUP_BITS, QuantizedWeight, affine_blocks, scale_min_k4
 
-from .pages import huge_page_tensor
+from .pages import join_on_huge_pages
 
 TILE_ROWS = 16
 PACK_ROWS = 1024  # rows repacked at a time (a multiple of TILE_ROWS): bounds the transient memory
@@ -202,9 +202,8 @@ def pack_blocks(weight: QuantizedWeight | tuple[QuantizedWeight, ...], ops=None)
         segments.append((part.shape[0], f.bits, f.group, f.scheme, offset))
         offset += size
     shape = (sum(part.shape[0] for part in parts), parts[0].shape[1])
-    data = huge_page_tensor(offset)  # read whole at every step: on huge pages (pages.py)
-    torch.cat(datas, out=data)
-    return PackedBlocks(data, torch.tensor(segments, dtype=torch.int64).reshape(-1, 5), shape)
+    return PackedBlocks(join_on_huge_pages(datas),  # read whole at every step (pages.py)
+                        torch.tensor(segments, dtype=torch.int64).reshape(-1, 5), shape)
 
 
 def unpack_reference(packed: PackedBlocks) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from switchyard.backends.cpu.block_pack import pack_blocks, unpack_reference
-from switchyard.backends.cpu.pages import HUGE_PAGE, MIN_HUGE_BYTES, huge_page_tensor, small_pages
+from switchyard.backends.cpu.pages import HUGE_PAGE, MIN_HUGE_BYTES, huge_page_tensor, join_on_huge_pages, small_pages
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from test_cpu_quant import weight_of  # noqa: E402
@@ -38,9 +38,10 @@ def _flags_of(address: int) -> tuple[int, set[str]]:
     return huge, flags
 
 
-def test_small_weights_take_ordinary_memory():
-    t = huge_page_tensor(MIN_HUGE_BYTES - 1)
-    assert t.dtype == torch.uint8 and t.numel() == MIN_HUGE_BYTES - 1
+def test_small_weights_keep_their_memory():
+    one = torch.arange(MIN_HUGE_BYTES - 1, dtype=torch.int64).to(torch.uint8)
+    assert join_on_huge_pages([one]) is one  # no copy
+    assert torch.equal(join_on_huge_pages([one[:1000], one[1000:]]), one)
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no madvise(MADV_HUGEPAGE) here")
