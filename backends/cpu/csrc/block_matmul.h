@@ -48,6 +48,7 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -275,8 +276,16 @@ QuantizedInput quantize_input(const T* x, int64_t M, int64_t K, int64_t padded_r
   return in;
 }
 
+// A row's outputs of one tile (count <= 16). A whole tile's 16, or an AVX2 half's 8, go through a
+// loop of constant count, which the compiler inlines as vector moves: with a variable count GCC
+// called memmove once per row and tile (2.6% of a 1,505-token prompt of the 1.7B shape, AVX-512).
 template <typename T>
 inline void store_row(T* out, const float* values, int64_t count) {
+  const auto copy = [&](auto n) {
+    for (int64_t r = 0; r < decltype(n)::value; ++r) out[r] = static_cast<T>(values[r]);
+  };
+  if (count == kTileRows) return copy(std::integral_constant<int64_t, kTileRows>{});
+  if (count == 8) return copy(std::integral_constant<int64_t, 8>{});
   for (int64_t r = 0; r < count; ++r) out[r] = static_cast<T>(values[r]);
 }
 
