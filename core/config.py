@@ -334,6 +334,11 @@ class EngineConfig:
     # for small models, one for large, backends/cpu/quant.py resolve_activations;
     # `--quantized-activations`, reported in /info).
     quantized_activations: str = "auto"
+    # Seeds the generator that unseeded random requests share (vLLM's --seed): an engine started
+    # with it draws their noise in the same order every start, so the same requests in the same
+    # batches get the same tokens. None = a fresh random seed at each start. A request's own
+    # `seed` still gives it a generator of its own, independent of its neighbours.
+    sampling_seed: int | None = None
     # How `switchyard serve` starts its engine process: "tuned" with the environment its backend
     # asks for (Backend.process_environment; CPU: tcmalloc/jemalloc and Intel OpenMP preloaded,
     # threads bound to cores), "plain" as it was launched (--runtime).

@@ -93,6 +93,9 @@ _SERVE_FLAGS = [
      "how activations meet block-quantized (GGUF) weights on the CPU: int8x2 (int8 per 32 values, then what that "
      "lost, ~15 bits: closest to the float reference), int8 (llama.cpp's one pass: half the integer work) or auto "
      "(int8x2 for models under 0.5B weights, int8 above; reported in /info)"),
+    ("--seed", ("SEED",), int, None,
+     "seed of the noise that requests without a seed of their own share (vLLM's --seed): a server started with it "
+     "samples the same requests, batched alike, to the same tokens (default: a random seed at each start)"),
     ("--grammar-backend", ("GRAMMAR_BACKEND",), str, "xgrammar",
      "compiler of response_format / grammar / tool-call grammars: xgrammar or outlines"),
     ("--grammar-max-spec-bytes", ("GRAMMAR_MAX_SPEC_BYTES",), int, GrammarConfig.max_spec_bytes,
@@ -226,7 +229,7 @@ def engine_config(args: argparse.Namespace):
                                 master_addr=args.master_addr, master_port=args.master_port,
                                 **_ray_parallel_options(args)),
         backend=args.backend, runtime=args.runtime, tracing=_tracing_config(args), isa=args.cpu_isa,
-        quantized_activations=args.quantized_activations,
+        quantized_activations=args.quantized_activations, sampling_seed=args.seed,
         speculative=_speculative_config(args), lora=_lora_config(args))
 
 

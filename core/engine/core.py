@@ -76,7 +76,7 @@ class EngineCore:
             self.shards.shutdown()
             raise
         self.scheduler = Scheduler.for_engine(config, num_blocks, speculator)
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.sampling_seed)
         self._generators: dict[str, torch.Generator] = {}
         self.last_scheduler_output: SchedulerOutput | None = None  # for step metrics
         self.last_num_accepted = 0  # speculative tokens the last step accepted (step metrics)

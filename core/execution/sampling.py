@@ -59,10 +59,12 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
-    """Unseeded random rows share one generator (one noise launch for all of them);
-    a seeded row draws from its own, so its tokens do not depend on its neighbours."""
+    """Unseeded random rows share one generator (one noise launch for all of them), seeded
+    with `seed` (EngineConfig.sampling_seed; None: at random); a seeded row draws from its
+    own, so its tokens do not depend on its neighbours."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int | None = None) -> None:
+        self._seed = seed
         self._shared: dict[torch.device, torch.Generator] = {}
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow], grammar_mask: GrammarMask | None = None
@@ -90,7 +92,7 @@ class Sampler:
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
         if device not in self._shared:
-            self._shared[device] = make_generator(None, device)
+            self._shared[device] = make_generator(self._seed, device)
         return self._shared[device]
 
 

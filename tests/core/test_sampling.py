@@ -46,6 +46,21 @@ def test_same_seed_same_tokens_whatever_the_batch():
     assert len(set(alone)) > 1  # it really samples
 
 
+def test_sampler_seed_fixes_the_shared_noise_of_unseeded_rows():
+    """EngineConfig.sampling_seed (--seed): unseeded rows share one generator, seeded with it, so
+    the same rows draw the same tokens in every engine started with that seed; without it each
+    start seeds at random."""
+    logits = torch.zeros(16, VOCAB)  # uniform: every token is a fresh draw
+    rows = [SampleRow(f"r{i}", SamplingParams(temperature=1.0), None, [1, 2, 3], [], ()) for i in range(16)]
+
+    def tokens(sampler: Sampler) -> list[int]:
+        return sampler(logits, rows).token_ids + sampler(logits, rows).token_ids
+
+    assert tokens(Sampler(7)) == tokens(Sampler(7))
+    assert tokens(Sampler(7)) != tokens(Sampler(8))
+    assert tokens(Sampler()) != tokens(Sampler())  # 32 uniform draws over 50 tokens: never all equal
+
+
 def test_sampling_follows_the_distribution():
     probs = torch.tensor([[0.7, 0.2, 0.1]])
     logits = probs.log()
