@@ -127,3 +127,9 @@ def test_shard_flags_and_the_rendezvous_environment_reach_the_parallel_config():
     parallel = engine_config(_parse(environ=dict(env, NNODES="1", NODE_RANK="0"))).parallel
     assert (parallel.nnodes, parallel.node_rank) == (1, 0)  # NNODES / NODE_RANK win
     assert engine_config(_parse()).parallel.tensor_parallel_size == 1
+
+
+def test_seed_reaches_the_sampler_of_unseeded_requests():
+    assert engine_config(_parse()).sampling_seed is None  # a random seed at each start
+    assert engine_config(_parse(["--seed", "7"])).sampling_seed == 7
+    assert engine_config(_parse([], {"SEED": "9"})).sampling_seed == 9
