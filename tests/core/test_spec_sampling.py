@@ -5,8 +5,8 @@ chi-square test of homogeneity at significance 0.001 each. The requests carry no
 (a seeded request replays its tokens under speculation), so they share the engine's generator, which
 each run seeds differently (EngineConfig.sampling_seed): agreement is statistical, not by replay, and
 the outcome is the same every run. (Seeded at random, as it was, each run had about a 2% chance,
-twenty checks at 0.001, of failing one; CI met one.) The proposals come from n-gram lookup, or from a greedy draft model (the
-target's weights plus noise): either is a point mass."""
+twenty checks at 0.001, of failing one; CI met one.) The proposals come from n-gram lookup, or
+from a greedy draft model (the target's weights plus noise): either is a point mass."""
 import pytest
 import torch
 

@@ -48,7 +48,6 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
