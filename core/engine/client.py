@@ -27,6 +27,7 @@ from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineInfo, Eng
                               ModelChecked, Ready, Settled, StartupFailed, StepDone, StepFailed, StepStats, Stop, UnloadLora)
 from ..errors import EngineDeadError
 from ..scheduling.request import Request, RequestOutput
+from ..text.chat_template import sample_turn
 from ..text.serving_tokenizer import ServingTokenizer
 
 if TYPE_CHECKING:
@@ -229,6 +230,7 @@ class ChannelEngineClient(EngineClient):
             self._model_checked.set()
         elif isinstance(event, Ready):
             tokenizer = event.tokenizer.build() if isinstance(event.tokenizer, ServingTokenizer) else event.tokenizer
+            sample_turn(tokenizer, "Warm-up.")  # this process's copy of the chat template, compiled before ready
             self.info, self.tokenizer, self._load = event.info, tokenizer, event.load
             self._ready.set()
         elif isinstance(event, StartupFailed) and self._stopping:

@@ -22,6 +22,7 @@ from .messages import (Abort, AddRequests, CompileGrammar, Dead, EngineLoad, Loa
                               StartupFailed, StepDone, StepFailed, StepStats, Stop, UnloadLora, portable)
 from ..errors import BackendError, EngineDeadError, ShardTerminated
 from ..memory import release_freed_memory, trim_heap
+from ..text.chat_template import sample_turn
 from ..text.serving_tokenizer import gateway_tokenizer
 from .output_processor import OutputProcessor
 from ..scheduling.request import FinishReason, Request
@@ -103,17 +104,16 @@ class EngineLoop:
         self._last_step: float | None = None  # monotonic end of the last step not yet followed by a trim
 
     def warm_up(self) -> None:
-        """What the first requests would pay is paid here, before Ready: a step of prompt chunks as
-        long as a chat turn's, decodes of two requests side by side, and the allocations of both
-        (the shapes a first request meets; measured by benchmarks/first_requests.py)."""
+        """What the first requests would pay is paid here, before Ready: a step of two prompts
+        side by side, then their decodes, and the allocations of both (the shapes a first request
+        meets; measured by benchmarks/first_requests.py). The prompts are chat turns rendered by the
+        model's template where it has one, so the template's head is in the prefix cache as the
+        tenth request finds it; else WARM_UP_PROMPT_TOKENS of text."""
         from ..params import SamplingParams
         from ..pooling.params import PoolingParams
         from ..scheduling.request import pooling_request
 
-        length = max(1, min(WARM_UP_PROMPT_TOKENS, self.engine.info.max_model_len - 8))
-        ids = ((self.tokenizer.encode("Warm-up") or [0]) * length)[:length]
-        for i in range(2):
-            prompt = ids[:max(1, length - 8 * i)]
+        for i, prompt in enumerate(self._warm_up_prompts()):
             if self.engine.info.pooling is not None:  # an embedding model: two prompts pooled side by side
                 self.engine.add_request(pooling_request(f"warm-up-{i}", prompt, PoolingParams()))
                 continue
@@ -121,6 +121,18 @@ class EngineLoop:
                                                                                    ignore_eos=True)))
         while self.engine.has_unfinished_requests():
             self.engine.step()
+
+    def _warm_up_prompts(self) -> list[list[int]]:
+        """Two distinct prompts about a chat turn long, within the model's length."""
+        limit = max(1, self.engine.info.max_model_len - 8)
+        length = min(WARM_UP_PROMPT_TOKENS, limit)
+        words = ((self.tokenizer.encode("Warm-up") or [0]) * length)[:length]
+        prompts = []
+        for i in range(2):
+            turn = None if self.engine.info.pooling is not None else sample_turn(self.tokenizer, f"Warm-up {i + 1}.")
+            prompts.append(self.tokenizer.encode(turn, add_special_tokens=False)[:limit] if turn
+                           else words[:max(1, length - 8 * i)])
+        return prompts
 
     def run(self) -> None:
         """Until Stop or the owner's end closes; always stops the engine's workers and shards."""

@@ -69,6 +69,18 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
         raise ChatTemplateError(f"the chat template failed: {exc}", "messages") from exc
 
 
+def sample_turn(tokenizer, content: str) -> str | None:
+    """One user message `content` rendered as a chat prompt, or None where the tokenizer has no
+    template or the template refuses it. A start-up renders one (core/engine/loop.py warm_up, the
+    engine client on Ready): the template is then compiled in each process, and its head (a
+    default system prompt, which every request without one of its own shares) is computed and held
+    in the prefix cache before the first request, as the tenth finds it."""
+    try:
+        return render_chat(tokenizer, [{"role": "user", "content": content}])
+    except ChatTemplateError:
+        return None
+
+
 def _template_text(template: str | dict | None, tools: list | None) -> str | None:
     """A tokenizer with several named templates: "tool_use" when tools are given, else "default"."""
     if not isinstance(template, dict):

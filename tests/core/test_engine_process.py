@@ -208,3 +208,37 @@ def test_an_engine_loaded_in_the_background_serves_at_the_priority_it_is_given(s
         assert _policies(client.process.pid) == {expected}
     finally:
         asyncio.run(client.shutdown())
+
+
+class _Tokenizer:
+    """encode: one id per character; a chat template when given one."""
+
+    special_tokens_map: dict = {}
+
+    def __init__(self, chat_template: str | None):
+        self.chat_template = chat_template
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize("template", [None, "{% for m in messages %}<|system|>Be brief.<|user|>{{ m.content }}{% endfor %}"])
+def test_the_warm_up_prompts_are_chat_turns_where_the_model_has_a_template(template):
+    """core/engine/loop.py: two distinct prompts within the model's length; with a template they
+    are turns it renders (their shared head is what a first request then finds cached), without
+    one (a base model) text of WARM_UP_PROMPT_TOKENS."""
+    from types import SimpleNamespace
+
+    from switchyard.core.engine import loop as loop_module
+
+    info = SimpleNamespace(max_model_len=32, pooling=None)
+    engine = SimpleNamespace(finish_request=lambda *a: None, info=info)
+    first, second = loop_module.EngineLoop(None, engine, _Tokenizer(template))._warm_up_prompts()
+    assert 0 < len(first) <= 24 and 0 < len(second) <= 24
+    if template is None:
+        assert "".join(map(chr, first)).startswith("Warm-upWarm-up") and len(second) < len(first)
+    else:
+        assert "".join(map(chr, first)) == "<|system|>Be brief.<|use"  # rendered, cut at 32 - 8
+        info.max_model_len = 4096
+        first, second = loop_module.EngineLoop(None, engine, _Tokenizer(template))._warm_up_prompts()
+        assert "".join(map(chr, second)) == "<|system|>Be brief.<|user|>Warm-up 2."
