@@ -9,8 +9,8 @@ block: the block-format matmul (csrc/block_matmul.cpp) on random weights of the 
 q4_k (8192 x 2048) and q6_k (2048 x 8192), and the default model's q8_0 head (49152 x 576) and
 q4_1 (1536 x 576), at each --rows. attention: the paged attention of 500 prompt rows after
 1,000 cached positions, laid out as the CPU runner lays a prompt chunk out (each row a decode
-row), and 64 decode rows of ~1,000 positions, on the 1.7B shape (32 KV heads, one query head
-each) and SmolLM2-135M's (3 KV heads of 3).
+row), 64 decode rows of ~1,000 positions, and one of 100 (a chat at c=1), on the 1.7B shape
+(32 KV heads, one query head each) and SmolLM2-135M's (3 KV heads of 3).
 Both builds are held to --isa (extension.py ISA_LEVELS). Each line: best of the repetitions for
 each build, the ratio (base / this: above 1 this tree is faster), and whether the two builds'
 outputs are the same bits.
@@ -93,6 +93,10 @@ def attention(this, base, args) -> None:
         lens = torch.randint(prefix - 50, prefix + 50, (decodes,), generator=gen, dtype=torch.int32)
         query = torch.randn(decodes, kv_heads * group, head_dim, generator=gen)
         report(f"{args.isa} attention, {name}, {decodes} decode rows of ~{prefix}", *race(calls, 20))
+        # one request's decode row of 100 positions: a chat at c=1 (one task, one thread)
+        table, lens = table[:1], torch.tensor([100], dtype=torch.int32)
+        query = torch.randn(1, kv_heads * group, head_dim, generator=gen)
+        report(f"{args.isa} attention, {name}, 1 decode row of 100", *race(calls, 2000))
 
 
 def main() -> int:
