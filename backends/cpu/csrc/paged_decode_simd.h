@@ -43,15 +43,46 @@ struct Rows {
   int64_t block_size, num_kv_heads, kv_half, row;
 };
 
+// Whether add_values takes one query head at a time: where a tile's accumulators (G * D / 16
+// vectors) would not fit in registers beside a value row (AVX2, whose vector is two of its 16
+// registers, with groups above 1: SmolLM2-135M's 3 heads of 64 are 24 registers), so that they
+// would live on the stack. Then one head's stay in registers over the tile and the value rows
+// are read once per head (from L1).
+template <typename T, int64_t kD, int64_t kG, int Q>
+constexpr bool heads_apart() {
+#if defined(SY_VEC16_AVX2)
+  constexpr int64_t kRegisters = 2;  // a vector's registers
+#else
+  constexpr int64_t kRegisters = 1;
+#endif
+  // (a quantized cache's codes would be converted again for each head)
+  return Q == 1 && kD > 0 && kG > 1 && kD / 16 * kG * kRegisters > 16 && !kv_rows::Format<T>::kQuantized;
+}
+
 // The values' part of attend_tile: acc[i][G * D] = acc * rescale + sum over the tile's rows t < n[i] of
 // p[i][t] * v[t], rows in order. Out of line: inlined beside the scores' registers, GCC stored every
 // accumulator to the stack at every row (AVX-512, 4 queries: 16 stores a row). Where every query
-// takes every row (all but the prompt's diagonal tiles) the loop runs without the test.
+// takes every row (all but the prompt's diagonal tiles) the loop runs without the test. Every
+// (query, head, 16 values) chain takes the same products in the same order whichever loop runs
+// (heads_apart or not), so the same bits.
 template <typename T, int64_t kD, int64_t kG, int Q>
 inline void add_values(const T* const* key, const int64_t* n, int64_t rows, int64_t offset, int64_t head_dim,
                        int64_t group, const float (*p)[(kG > 0 ? kG : 16) * kTile],
                        const float (*rescale)[kG > 0 ? kG : 16], float* const* acc) {
   const int64_t D = kD > 0 ? kD : head_dim, G = kG > 0 ? kG : group, C = D / 16;
+  if constexpr (heads_apart<T, kD, kG, Q>()) {
+    for (int64_t g = 0; g < G; ++g) {
+      const V scale = vec16::set1(rescale[0][g]);
+      V a[kD / 16];
+      for (int64_t c = 0; c < C; ++c) a[c] = vec16::mul(vec16::load(acc[0] + g * D + 16 * c), scale);
+      for (int64_t t = 0; t < rows; ++t) {
+        const V weight = vec16::set1(p[0][g * kTile + t]);
+        for (int64_t c = 0; c < C; ++c) a[c] = vec16::fmadd(weight, vec16::load(key[t] + offset + 16 * c), a[c]);
+      }
+      for (int64_t c = 0; c < C; ++c) vec16::store(acc[0] + g * D + 16 * c, a[c]);
+    }
+    return;
+  }
   constexpr int64_t kAcc = kD > 0 && kG > 0 ? kD / 16 * kG : 16 * 16;  // registers of acc
   V a[Q][kAcc];
   for (int i = 0; i < Q; ++i) {
