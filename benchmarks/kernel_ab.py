@@ -10,7 +10,8 @@ q4_k (8192 x 2048) and q6_k (2048 x 8192), and the default model's q8_0 head (49
 q4_1 (1536 x 576), at each --rows. attention: the paged attention of 500 prompt rows after
 1,000 cached positions, laid out as the CPU runner lays a prompt chunk out (each row a decode
 row), 64 decode rows of ~1,000 positions, and one of 100 (a chat at c=1), on the 1.7B shape
-(32 KV heads, one query head each) and SmolLM2-135M's (3 KV heads of 3).
+(32 KV heads, one query head each), SmolLM2-135M's (3 KV heads of 3) and Llama-3-8B's (8 KV
+heads of 4, head dim 128).
 Both builds are held to --isa (extension.py ISA_LEVELS). Each line: best of the repetitions for
 each build, the ratio (base / this: above 1 this tree is faster), and whether the two builds'
 outputs are the same bits.
@@ -72,8 +73,9 @@ def block(this, base, args) -> None:
 
 
 def attention(this, base, args) -> None:
-    head_dim, block_size, prefix, rows = 64, 16, 1000, 500
-    for name, kv_heads, group in (("1.7B shape", 32, 1), ("SmolLM2-135M shape", 3, 3)):
+    block_size, prefix, rows = 16, 1000, 500
+    for name, kv_heads, group, head_dim in (("1.7B shape", 32, 1, 64), ("SmolLM2-135M shape", 3, 3, 64),
+                                            ("Llama-3-8B shape", 8, 4, 128)):
         blocks = (prefix + rows + block_size - 1) // block_size + 1
         gen = torch.Generator().manual_seed(0)
         cache = torch.randn(2, blocks, block_size, kv_heads, head_dim, generator=gen)

@@ -43,20 +43,20 @@ struct Rows {
   int64_t block_size, num_kv_heads, kv_half, row;
 };
 
-// Whether add_values takes one query head at a time: where a tile's accumulators (G * D / 16
-// vectors) would not fit in registers beside a value row (AVX2, whose vector is two of its 16
-// registers, with groups above 1: SmolLM2-135M's 3 heads of 64 are 24 registers), so that they
-// would live on the stack. Then one head's stay in registers over the tile and the value rows
-// are read once per head (from L1).
+// Whether add_values takes one query head at a time: with AVX2, whose vector is two of its 16
+// registers, where a group's accumulators (G * D / 16 vectors) would not fit beside a value row and
+// so live on the stack (SmolLM2-135M's 3 heads of 64 are 24 registers). Then one head's stay in
+// registers over the tile and the value rows are read once per head (from L1): 500 prompt rows,
+// SmolLM2's shape 1.08-1.10x, Llama-3-8B's (4 heads of 128) 1.14x (benchmarks/kernel_ab.py). With
+// AVX-512's 32 registers the stack is cheaper than the reads (Llama-3-8B's: 0.92-0.96x). Not for a
+// quantized cache, whose codes would be converted again for each head.
 template <typename T, int64_t kD, int64_t kG, int Q>
 constexpr bool heads_apart() {
 #if defined(SY_VEC16_AVX2)
-  constexpr int64_t kRegisters = 2;  // a vector's registers
+  return Q == 1 && kD > 0 && kG > 1 && kD / 16 * kG * 2 > 16 && !kv_rows::Format<T>::kQuantized;
 #else
-  constexpr int64_t kRegisters = 1;
+  return false;
 #endif
-  // (a quantized cache's codes would be converted again for each head)
-  return Q == 1 && kD > 0 && kG > 1 && kD / 16 * kG * kRegisters > 16 && !kv_rows::Format<T>::kQuantized;
 }
 
 // The values' part of attend_tile: acc[i][G * D] = acc * rescale + sum over the tile's rows t < n[i] of
