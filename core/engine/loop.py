@@ -123,16 +123,16 @@ class EngineLoop:
             self.engine.step()
 
     def _warm_up_prompts(self) -> list[list[int]]:
-        """Two distinct prompts about a chat turn long, within the model's length."""
+        """Two distinct prompts about a chat turn long, within the model's length: two turns the
+        model's template renders where it has one (not for an embedding model), else text."""
         limit = max(1, self.engine.info.max_model_len - 8)
+        if self.engine.info.pooling is None:
+            turns = [sample_turn(self.tokenizer, f"Warm-up {i + 1}.") for i in range(2)]
+            if all(turns):
+                return [self.tokenizer.encode(turn, add_special_tokens=False)[:limit] for turn in turns]
         length = min(WARM_UP_PROMPT_TOKENS, limit)
         words = ((self.tokenizer.encode("Warm-up") or [0]) * length)[:length]
-        prompts = []
-        for i in range(2):
-            turn = None if self.engine.info.pooling is not None else sample_turn(self.tokenizer, f"Warm-up {i + 1}.")
-            prompts.append(self.tokenizer.encode(turn, add_special_tokens=False)[:limit] if turn
-                           else words[:max(1, length - 8 * i)])
-        return prompts
+        return [words, words[:max(1, length - 8)]]
 
     def run(self) -> None:
         """Until Stop or the owner's end closes; always stops the engine's workers and shards."""

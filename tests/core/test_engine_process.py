@@ -242,3 +242,16 @@ def test_the_warm_up_prompts_are_chat_turns_where_the_model_has_a_template(templ
         info.max_model_len = 4096
         first, second = loop_module.EngineLoop(None, engine, _Tokenizer(template))._warm_up_prompts()
         assert "".join(map(chr, second)) == "<|system|>Be brief.<|user|>Warm-up 2."
+
+
+def test_the_client_compiles_its_copy_of_the_chat_template_on_ready():
+    """core/engine/client.py: on Ready the owner's process compiles the template the gateway will
+    render, so the first chat request does not pay for it."""
+    from switchyard.core.engine.messages import Ready
+    from switchyard.core.text.chat_template import compiled_template
+
+    template = "{% for m in messages %}<|user|>{{ m.content }} (client){% endfor %}"
+    compiled_template.cache_clear()
+    client = InProcessEngineClient(_tiny_factory)  # never started: only its reader's handling
+    client._handle(Ready(info=None, tokenizer=_Tokenizer(template), load=None))
+    assert compiled_template.cache_info().currsize == 1 and client.tokenizer.chat_template == template

@@ -32,7 +32,8 @@ def test_the_first_chat_request_finds_the_template_head_cached():
     client = start_engine(default_engine_config())
     try:
         tokenizer = client.tokenizer
-        # the client compiled its copy of the template on Ready: rendering now is a cache hit
+        # compiled before ready (here the engine's warm-up and the client share one process; the
+        # client's own compile is tested in tests/core/test_engine_process.py): rendering is a cache hit
         misses = compiled_template.cache_info().misses
         text = sample_turn(tokenizer, "What is the capital of France?")
         assert text is not None and compiled_template.cache_info().misses == misses

@@ -44,7 +44,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <vector>
 
