@@ -85,6 +85,7 @@ def serve_engine(channel: Channel, engine_factory: Callable[[], tuple[object, ob
 
 
 WARM_UP_PROMPT_TOKENS = 40  # about a short chat turn with its template
+WARM_UP_TURNS = ("Warm-up 1.", "Warm-up 2.")  # the contents of the two warm-up chat turns
 
 
 class EngineLoop:
@@ -127,7 +128,7 @@ class EngineLoop:
         model's template renders where it has one (not for an embedding model), else text."""
         limit = max(1, self.engine.info.max_model_len - 8)
         if self.engine.info.pooling is None:
-            turns = [sample_turn(self.tokenizer, f"Warm-up {i + 1}.") for i in range(2)]
+            turns = [sample_turn(self.tokenizer, content) for content in WARM_UP_TURNS]
             if all(turns):
                 return [self.tokenizer.encode(turn, add_special_tokens=False)[:limit] for turn in turns]
         length = min(WARM_UP_PROMPT_TOKENS, limit)

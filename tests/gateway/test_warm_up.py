@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from switchyard.core.engine.loop import WARM_UP_TURNS
 from switchyard.core.params import SamplingParams
 from switchyard.core.scheduling.request import Request
 from switchyard.core.text.chat_template import compiled_template, sample_turn
@@ -38,7 +39,7 @@ def test_the_first_chat_request_finds_the_template_head_cached():
         text = sample_turn(tokenizer, "What is the capital of France?")
         assert text is not None and compiled_template.cache_info().misses == misses
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        warm = tokenizer.encode(sample_turn(tokenizer, "Warm-up 1."), add_special_tokens=False)
+        warm = tokenizer.encode(sample_turn(tokenizer, WARM_UP_TURNS[0]), add_special_tokens=False)
         shared = _common_prefix(prompt, warm)
         assert shared >= 16, "SmolLM2's template starts every turn with its default system prompt"
         out = _first_output(client, prompt)
